@@ -1,0 +1,8 @@
+"""The agent-side SDK: what an AI agent uses to talk to Arbiter.
+
+The public surface is re-exported here and pinned by ``tests/test_sdk_exports.py``.
+"""
+
+from .client import ArbiterClient, ArbiterTimeout, PingResult
+
+__all__ = ["ArbiterClient", "ArbiterTimeout", "PingResult"]

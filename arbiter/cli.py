@@ -1,0 +1,186 @@
+"""The ``arbiter`` command."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+from pydantic import ValidationError
+
+from .localkafka import LocalKafka, LocalKafkaError, broker_answers
+from .settings import Settings, load_settings
+from .topics import TopicError, ensure_topics
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _fail(message: str, detail: str = "") -> NoReturn:
+    click.secho(f"error: {message}", fg="red", err=True)
+    if detail:
+        click.echo(detail, err=True)
+    sys.exit(1)
+
+
+def _settings(ctx: click.Context) -> Settings:
+    try:
+        return load_settings(**ctx.obj)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
+        _fail(f"invalid settings: {problems}")
+
+
+def _say(message: str) -> None:
+    click.echo(message, err=True)
+
+
+@click.group()
+@click.option("--bootstrap", envvar="ARBITER_BOOTSTRAP", help="Kafka bootstrap servers (host:port,...). "
+              "Default: the local broker. Env: ARBITER_BOOTSTRAP.")
+@click.option("--kafka-port", type=int, envvar="ARBITER_KAFKA_PORT",
+              help="Port of the local broker. Env: ARBITER_KAFKA_PORT.")
+@click.option("--home", type=click.Path(path_type=Path), envvar="ARBITER_HOME",
+              help="Folder for the local broker's jars, data and logs. Env: ARBITER_HOME. Default: ./.arbiter")
+@click.version_option(package_name="arbiter")
+@click.pass_context
+def main(ctx: click.Context, bootstrap: str | None, kafka_port: int | None, home: Path | None) -> None:
+    """Arbiter: concurrency control for fleets of AI agents, on Apache Kafka."""
+    ctx.obj = {"bootstrap": bootstrap, "kafka_port": kafka_port, "home": home}
+
+
+# -- kafka ---------------------------------------------------------------------------
+
+
+@main.group()
+def kafka() -> None:
+    """Run a local Apache Kafka broker (KRaft, single node) from Maven Central jars."""
+
+
+def _local(ctx: click.Context) -> LocalKafka:
+    return LocalKafka(_settings(ctx), say=_say)
+
+
+@kafka.command("up")
+@click.option("--timeout", default=90.0, show_default=True, help="Seconds to wait for the broker to answer.")
+@click.pass_context
+def kafka_up(ctx: click.Context, timeout: float) -> None:
+    """Start the local broker (fetches it the first time; harmless when it runs)."""
+    try:
+        click.echo(f"kafka: {_local(ctx).up(timeout)}")
+    except LocalKafkaError as exc:
+        _fail(str(exc), exc.log_tail)
+
+
+@kafka.command("down")
+@click.pass_context
+def kafka_down(ctx: click.Context) -> None:
+    """Stop the local broker cleanly; its data stays."""
+    click.echo(f"kafka: {_local(ctx).down()}")
+
+
+@kafka.command("reset")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def kafka_reset(ctx: click.Context, yes: bool) -> None:
+    """Stop the local broker and delete every message it holds."""
+    local = _local(ctx)
+    if not yes:
+        click.confirm(f"Delete all Kafka data in {local.data}?", abort=True)
+    click.echo(f"kafka: {local.reset()}")
+
+
+@kafka.command("status")
+@click.pass_context
+def kafka_status(ctx: click.Context) -> None:
+    """Say whether the local broker runs and answers. Exit 1 when it does not."""
+    local = _local(ctx)
+    pid = local.pid()
+    answers = broker_answers(local.bootstrap)
+    click.echo(f"kafka: {f'running (pid {pid})' if pid else 'not running'}; "
+               f"{local.bootstrap} {'answers' if answers else 'does not answer'}")
+    sys.exit(0 if answers else 1)
+
+
+# -- topics --------------------------------------------------------------------------
+
+
+@main.group()
+def topics() -> None:
+    """Manage Arbiter's topics."""
+
+
+@topics.command("create")
+@click.pass_context
+def topics_create(ctx: click.Context) -> None:
+    """Create every topic (co-partitioned, kept forever). Idempotent."""
+    settings = _settings(ctx)
+    try:
+        states = asyncio.run(ensure_topics(settings))
+    except TopicError as exc:
+        _fail(str(exc))
+    except Exception as exc:
+        _fail(f"cannot reach Kafka at {settings.bootstrap}: {exc}")
+    for state in states:
+        click.echo(f"{'created' if state.created else 'exists '}  {state.name}  ({state.partitions} partitions)")
+
+
+# -- worker --------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--loglevel", default="warning", show_default=True)
+@click.pass_context
+def worker(ctx: click.Context, loglevel: str) -> None:
+    """Run a stream-processor worker. Start more to share the partitions."""
+    settings = _settings(ctx)
+    if not broker_answers(settings.bootstrap):
+        _fail(f"no Kafka answers at {settings.bootstrap}; start one with 'arbiter kafka up' or pass --bootstrap")
+    import faust
+
+    from streams.app import create_app
+
+    app = create_app(settings)
+    faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+
+
+# -- ping ----------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--count", default=5, show_default=True, help="How many round trips.")
+@click.option("--timeout", default=30.0, show_default=True, help="Seconds to wait for each answer.")
+@click.pass_context
+def ping(ctx: click.Context, count: int, timeout: float) -> None:
+    """Round trips through the workers: a Ping command in, a Pong in the agent inbox out."""
+    from agents import ArbiterClient, ArbiterTimeout
+
+    settings = _settings(ctx)
+
+    async def run() -> list[float]:
+        rtts = []
+        async with ArbiterClient("arbiter-cli", settings) as client:
+            for i in range(count):
+                result = await client.ping(key=f"ping:{i}", timeout=timeout)
+                rtts.append(result.rtt_ms)
+                click.echo(f"pong from {result.worker_id} partition {result.partition}: {result.rtt_ms:.1f} ms")
+        return rtts
+
+    try:
+        rtts = asyncio.run(run())
+    except ArbiterTimeout as exc:
+        _fail(str(exc))
+    if rtts:
+        click.echo(f"{len(rtts)} round trips: median {statistics.median(rtts):.1f} ms, max {max(rtts):.1f} ms")
+
+
+def _register_late_commands() -> None:
+    from .demo import demo
+
+    main.add_command(demo)
+
+
+_register_late_commands()

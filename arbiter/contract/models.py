@@ -1,0 +1,471 @@
+"""Pydantic models: the Python face of the Avro contract in ``schemas/``.
+
+Each model mirrors exactly one ``.avsc`` file (``AVRO_NAME`` is the schema's full
+name). ``tests/test_contract.py`` proves the mirror: same set of models as schema
+files, same field names and types, and a lossless round trip for every model.
+
+Conventions that keep the wire format language-neutral:
+
+- times are integer milliseconds since the Unix epoch (``*_ms``);
+- free-form payloads (tool arguments, results, diagnostics) travel as JSON text
+  (``*_json``), so that a consumer in any language can read them without our types;
+- every event a processor decides carries the ``Cause`` of the command that made it,
+  so audit can replay decisions in exactly the recorded order.
+
+Models are frozen: an event, once decided, is a fact.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Record(BaseModel):
+    """Base of every contract model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    AVRO_NAME: ClassVar[str] = ""
+
+
+# -- nested records -------------------------------------------------------------
+
+
+class Cause(BaseModel):
+    """Where the command that caused a decision sits in the log."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    topic: str
+    partition: int
+    offset: int
+
+
+class Holder(BaseModel):
+    """One live lease on a resource."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    agent_id: str
+    request_id: str
+    token: int
+    mode: str
+    expires_at_ms: int
+
+
+# -- lock commands (topic: resource commands, key: resource) ---------------------
+
+
+class LockRequested(Record):
+    """An agent asks for a lease on a resource (the Acquire command)."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockRequested"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    mode: str
+    ttl_ms: int
+    priority: int = 0
+    wait_ms: int = 0
+    saga_id: str | None = None
+    sent_at_ms: int
+
+
+class LockRenewRequested(Record):
+    """A holder asks to extend its lease."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockRenewRequested"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    token: int
+    ttl_ms: int | None = None
+    sent_at_ms: int
+
+
+class LockReleaseRequested(Record):
+    """A holder gives its lease back."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockReleaseRequested"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    token: int
+    sent_at_ms: int
+
+
+class LockCancelRequested(Record):
+    """A waiter gives up on a queued request."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockCancelRequested"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    target_request_id: str
+    sent_at_ms: int
+
+
+class LockRevokeRequested(Record):
+    """The deadlock detector or an operator takes a lease or a wait away."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockRevokeRequested"
+
+    request_id: str
+    resource: str
+    agent_id: str
+    token: int | None = None
+    reason: str
+    requested_by: str
+    sent_at_ms: int
+
+
+class LockTick(Record):
+    """Time passing, as a command: drives expiry and wait time-outs on one partition."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockTick"
+
+    tick_id: str
+    partition: int
+    sent_at_ms: int
+
+
+# -- lock events (topic: resource events, key: resource; copies to agent inbox) ---
+
+
+class LockGranted(Record):
+    """A lease was granted, with a fresh fencing token."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockGranted"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    token: int
+    mode: str
+    expires_at_ms: int
+    holders: list[Holder]
+    resource_version: int
+    decided_at_ms: int
+    cause: Cause
+
+
+class LockQueued(Record):
+    """A request waits behind the current holders."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockQueued"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    position: int
+    priority: int
+    wait_deadline_ms: int
+    blocking_agents: list[str]
+    decided_at_ms: int
+    cause: Cause
+
+
+class LockDenied(Record):
+    """A lock command was refused; nothing changed."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockDenied"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    reason: str
+    detail: str
+    decided_at_ms: int
+    cause: Cause
+
+
+class LockRenewed(Record):
+    """A lease was extended."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockRenewed"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    token: int
+    expires_at_ms: int
+    decided_at_ms: int
+    cause: Cause
+
+
+class LockReleased(Record):
+    """A lease was given back by its holder."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockReleased"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    token: int
+    decided_at_ms: int
+    cause: Cause
+
+
+class LockExpired(Record):
+    """A lease ran past its TTL without renewal; its token is dead."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockExpired"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    token: int
+    expired_at_ms: int
+    decided_at_ms: int
+    cause: Cause
+
+
+class LockRevoked(Record):
+    """A lease was taken away (deadlock victim or operator); its token is dead."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockRevoked"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    token: int
+    reason: str
+    decided_at_ms: int
+    cause: Cause
+
+
+class LockCancelled(Record):
+    """A queued request left the queue without a grant."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockCancelled"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    reason: str
+    decided_at_ms: int
+    cause: Cause
+
+
+class LockWaitTimedOut(Record):
+    """A queued request's wait time ran out."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.lock.LockWaitTimedOut"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    waited_ms: int
+    decided_at_ms: int
+    cause: Cause
+
+
+# -- tool intents and outcomes (same topics as locks: one order per resource) ------
+
+
+class ToolIntent(Record):
+    """An agent asks the gateway to run a tool against a resource."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.tool.ToolIntent"
+
+    intent_id: str
+    agent_id: str
+    resource: str
+    token: int | None = None
+    base_version: int | None = None
+    base_hash: str | None = None
+    tool: str
+    arguments_json: str
+    saga_id: str | None = None
+    step: int | None = None
+    is_compensation: bool = False
+    sent_at_ms: int
+
+
+class ToolApplied(Record):
+    """The gateway accepted an intent and the tool ran."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.tool.ToolApplied"
+
+    intent_id: str
+    agent_id: str
+    resource: str
+    tool: str
+    token: int | None = None
+    version: int
+    content_hash: str
+    result_json: str
+    decided_at_ms: int
+    cause: Cause
+
+
+class ToolRejected(Record):
+    """The gateway refused an intent, or its tool failed; nothing was applied."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.tool.ToolRejected"
+
+    intent_id: str
+    agent_id: str
+    resource: str
+    tool: str
+    reason: str
+    diagnostic_json: str
+    decided_at_ms: int
+    cause: Cause
+
+
+# -- wait-for graph ----------------------------------------------------------------
+
+
+class WaitEdgeAdded(Record):
+    """An agent now waits on another (queued behind a lease, or delegated to it)."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.wait.WaitEdgeAdded"
+
+    edge_id: str
+    waiter: str
+    holder: str
+    source: str
+    resource: str | None = None
+    waiter_priority: int = 0
+    waiter_registered_at_ms: int
+    added_at_ms: int
+    cause: Cause | None = None
+
+
+class WaitEdgeRemoved(Record):
+    """A wait ended: the edge leaves the graph."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.wait.WaitEdgeRemoved"
+
+    edge_id: str
+    waiter: str
+    holder: str
+    source: str
+    resource: str | None = None
+    removed_at_ms: int
+    cause: Cause | None = None
+
+
+class DeadlockDetected(Record):
+    """A wait-for cycle was found and one victim chosen to break it."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.wait.DeadlockDetected"
+
+    detection_id: str
+    victim: str
+    cycle: list[str]
+    cycle_json: str
+    message: str
+    saga_id: str | None = None
+    decided_at_ms: int
+    cause: Cause
+
+
+# -- sagas -----------------------------------------------------------------------
+
+
+class SagaStep(Record):
+    """A step of a saga changed state (started, completed or failed)."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.saga.SagaStep"
+
+    saga_id: str
+    step: int
+    agent_id: str
+    status: str
+    intent_id: str
+    resource: str
+    tool: str
+    arguments_json: str
+    compensate_tool: str | None = None
+    compensate_arguments_json: str | None = None
+    at_ms: int
+
+
+class CompensationRequested(Record):
+    """A saga is aborting: its completed steps must be undone in reverse order."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.saga.CompensationRequested"
+
+    saga_id: str
+    reason: str
+    requested_by: str
+    at_ms: int
+    cause: Cause | None = None
+
+
+class Compensated(Record):
+    """One completed step's compensation ran (at most once per step)."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.saga.Compensated"
+
+    saga_id: str
+    step: int
+    compensation_intent_id: str
+    tool: str
+    at_ms: int
+    cause: Cause
+
+
+class SagaFinished(Record):
+    """A saga ended: COMPLETED or COMPENSATED, never half-way."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.saga.SagaFinished"
+
+    saga_id: str
+    outcome: str
+    at_ms: int
+    cause: Cause
+
+
+# -- system ------------------------------------------------------------------------
+
+
+class Ping(Record):
+    """A health probe that travels the resource-command path to a worker and back."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.system.Ping"
+
+    ping_id: str
+    agent_id: str
+    sent_at_ms: int
+
+
+class Pong(Record):
+    """A worker's answer to a Ping, sent to the agent's inbox."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.system.Pong"
+
+    ping_id: str
+    agent_id: str
+    worker_id: str
+    decided_at_ms: int
+    cause: Cause
+
+
+class DeadLetter(Record):
+    """A message a processor could not use, kept with the reason and its original bytes."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.system.DeadLetter"
+
+    reason: str
+    detail: str
+    processor: str
+    source: Cause
+    key: bytes | None = None
+    value: bytes
+    at_ms: int
+
+
+MODELS: tuple[type[Record], ...] = tuple(
+    cls for cls in list(globals().values())
+    if isinstance(cls, type) and issubclass(cls, Record) and cls is not Record
+)
+"""Every top-level message model, in definition order."""

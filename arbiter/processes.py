@@ -1,0 +1,93 @@
+"""Worker processes started by commands that bring up a whole Arbiter (demo, tests, benchmarks)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .settings import Settings
+
+
+@dataclass
+class WorkerProcess:
+    """One ``arbiter worker`` child process, logging to a file."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM, then SIGKILL after ``timeout``. Returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, for failover tests."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Environment that gives a child process these settings."""
+    env = dict(os.environ)
+    for name, value in settings.model_dump(exclude={"topics", "worker_id"}).items():
+        env[f"ARBITER_{name.upper()}"] = str(value.resolve() if isinstance(value, Path) else value)
+    for name, topic in settings.topics.model_dump().items():
+        env[f"ARBITER_TOPICS__{name.upper()}"] = topic
+    return env
+
+
+@dataclass
+class WorkerPool:
+    """Several workers of one app (one consumer group)."""
+
+    settings: Settings
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    def start(self, count: int = 1, loglevel: str = "info") -> None:
+        """Start ``count`` more workers."""
+        logs = (self.settings.home / "logs").resolve()
+        logs.mkdir(parents=True, exist_ok=True)
+        for _ in range(count):
+            name = f"worker-{len(self.workers) + 1}"
+            env = settings_env(self.settings)
+            env["ARBITER_WORKER_ID"] = name
+            log = logs / f"{self.settings.app_id}-{name}.log"
+            with open(log, "ab") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "arbiter", "worker", "--loglevel", loglevel],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                )
+            self.workers.append(WorkerProcess(name, proc, log))
+
+    def check_alive(self) -> None:
+        """Raise if any worker has exited, with the tail of its log."""
+        for w in self.workers:
+            if w.proc.poll() is not None:
+                tail = "\n".join(w.log.read_text(errors="replace").splitlines()[-30:])
+                raise RuntimeError(f"{w.name} exited with code {w.proc.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        """Stop every worker (in parallel: each gets SIGTERM first)."""
+        for w in self.workers:
+            if w.proc.poll() is None:
+                w.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for w in self.workers:
+            try:
+                w.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                w.kill()
+        self.workers.clear()

@@ -1,0 +1,132 @@
+"""One typed settings object for every Arbiter command, read from ``ARBITER_*``.
+
+Precedence: command-line option > environment variable > default. Nested values use
+a double underscore, e.g. ``ARBITER_TOPICS__RESOURCE_COMMANDS=acme.resource.commands``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Topics(BaseModel):
+    """Topic names. Keys: what the messages on the topic are keyed (and so ordered) by."""
+
+    model_config = ConfigDict(frozen=True)
+
+    resource_commands: str = "arbiter.resource.commands"
+    """Lock commands, ticks and tool intents; key: resource. One order per resource."""
+    resource_events: str = "arbiter.resource.events"
+    """Lease and gateway decisions; key: resource. Co-partitioned with the commands."""
+    agent_inbox: str = "arbiter.agent.inbox"
+    """Every decision an agent must hear about; key: agent id."""
+    wait_edges: str = "arbiter.wait.edges"
+    """Wait-for edges added and removed; key: graph namespace."""
+    saga_commands: str = "arbiter.saga.commands"
+    """Saga steps and abort requests; key: saga id."""
+    saga_events: str = "arbiter.saga.events"
+    """Saga decisions; key: saga id."""
+    dead_letter: str = "arbiter.deadletter"
+    """Messages a processor could not use, with the reason and the original bytes."""
+
+    def all(self) -> list[str]:
+        """Every topic, in a stable order."""
+        return list(self.model_dump().values())
+
+
+class Settings(BaseSettings):
+    """Arbiter's settings. Every field can be set as ``ARBITER_<FIELD>``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="ARBITER_", env_nested_delimiter="__", frozen=True, extra="ignore"
+    )
+
+    bootstrap: str = "127.0.0.1:9092"
+    """Kafka bootstrap servers, comma separated (``ARBITER_BOOTSTRAP``). Unset, it
+    follows ``kafka_port`` so that it points at the local broker."""
+
+    partitions: int = Field(default=4, ge=1, le=1024)
+    """Partitions per topic. Every topic gets the same count, so keyed topics are
+    co-partitioned; it is also the most workers that can share the load."""
+
+    replication_factor: int = Field(default=1, ge=1)
+    """Replication factor for new topics (1 for the local single-node broker)."""
+
+    processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    """faust processing guarantee. at_least_once relies on idempotent decisions;
+    exactly_once uses Kafka transactions."""
+
+    topics: Topics = Topics()
+
+    app_id: str = "arbiter"
+    """faust application id: the consumer group and the changelog topic prefix."""
+
+    home: Path = Path(".arbiter")
+    """Where the local broker's jars, data and logs live (git-ignored)."""
+
+    kafka_port: int = Field(default=9092, ge=1, le=65535)
+    """Port of the local broker's client listener on 127.0.0.1."""
+
+    kafka_controller_port: int = Field(default=9093, ge=1, le=65535)
+    """Port of the local broker's KRaft controller listener on 127.0.0.1."""
+
+    kafka_heap: str = "512m"
+    """JVM heap for the local broker."""
+
+    max_message_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
+    """Largest message the codec encodes or decodes; the local broker accepts twice this."""
+
+    # -- worker tuning; see README "Worker tuning" for why each differs from faust's --
+    fetch_max_wait_ms: int = Field(default=10, ge=0, le=1500)
+    """How long the broker holds an empty fetch. faust hard-codes 1500."""
+
+    commit_interval: float = Field(default=0.2, gt=0)
+    """Seconds between offset commits. faust: 2.8."""
+
+    session_timeout: float = Field(default=10.0, gt=0)
+    """Seconds without heartbeats before the group evicts a worker. faust: 60."""
+
+    heartbeat_interval: float = Field(default=1.0, gt=0)
+    """Seconds between consumer heartbeats. faust: 3."""
+
+    producer_linger_ms: int = Field(default=0, ge=0)
+    """Producer batching delay."""
+
+    worker_id: str = ""
+    """Name of this worker in Pong and diagnostics; defaults to host:pid."""
+
+    web_port: int = Field(default=0, ge=0, le=65535)
+    """faust's web server port; 0 disables it (several workers share one host)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _local_bootstrap_follows_port(cls, data: Any) -> Any:
+        # With no bootstrap given, talk to the local broker on whatever port it uses.
+        if isinstance(data, dict) and not data.get("bootstrap") and data.get("kafka_port"):
+            data = {**data, "bootstrap": f"127.0.0.1:{data['kafka_port']}"}
+        return data
+
+    @field_validator("bootstrap")
+    @classmethod
+    def _bootstrap_not_empty(cls, value: str) -> str:
+        servers = [s.strip() for s in value.split(",") if s.strip()]
+        if not servers:
+            raise ValueError("bootstrap must name at least one host:port")
+        for server in servers:
+            host, sep, port = server.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise ValueError(f"bootstrap server {server!r} is not host:port")
+        return ",".join(servers)
+
+    def bootstrap_list(self) -> list[str]:
+        """Bootstrap servers as a list."""
+        return self.bootstrap.split(",")
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment, with explicit overrides (``None`` is ignored)."""
+    return Settings(**{k: v for k, v in overrides.items() if v is not None})  # type: ignore[arg-type]

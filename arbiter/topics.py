@@ -1,0 +1,88 @@
+"""Create Arbiter's topics, co-partitioned and kept forever (the log is the audit record)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+
+from .settings import Settings
+
+TOPIC_CONFIG = {
+    # The log is the audit record; nothing ages out.
+    "retention.ms": "-1",
+    "retention.bytes": "-1",
+}
+
+
+class TopicError(RuntimeError):
+    """A topic exists with a shape Arbiter cannot use, or the broker refused to create it."""
+
+
+@dataclass(frozen=True)
+class TopicState:
+    """What ``ensure_topics`` did to one topic."""
+
+    name: str
+    partitions: int
+    created: bool
+
+
+async def ensure_topics(settings: Settings) -> list[TopicState]:
+    """Create every topic that is missing; check the ones that exist. Idempotent.
+
+    Every topic gets ``settings.partitions`` partitions, so topics keyed by the same id
+    are co-partitioned. An existing topic with another count would silently break that
+    and is reported as an error rather than altered.
+    """
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=15000)
+    await admin.start()
+    try:
+        wanted = settings.topics.all()
+        existing = await _partition_counts(admin, wanted)
+        missing = [name for name in wanted if name not in existing]
+        if missing:
+            new = [
+                NewTopic(name, settings.partitions, settings.replication_factor, topic_configs=TOPIC_CONFIG)
+                for name in missing
+            ]
+            response = await admin.create_topics(new, timeout_ms=15000)
+            for name, code, message in _topic_errors(response):
+                if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS (a concurrent create)
+                    raise TopicError(f"creating {name} failed: error {code} {message or ''}".strip())
+            existing.update(await _partition_counts(admin, missing))
+        wrong = {n: c for n, c in existing.items() if c != settings.partitions}
+        if wrong:
+            detail = ", ".join(f"{n} has {c}" for n, c in sorted(wrong.items()))
+            raise TopicError(
+                f"topics must all have {settings.partitions} partitions to stay co-partitioned, but {detail}; "
+                "set ARBITER_PARTITIONS to match, or recreate the topics"
+            )
+        return [TopicState(name, existing[name], name in missing) for name in wanted]
+    except KafkaError as exc:
+        raise TopicError(f"the broker at {settings.bootstrap} refused: {exc}") from exc
+    finally:
+        await admin.close()
+
+
+async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
+    present = set(await admin.list_topics())
+    counts: dict[str, int] = {}
+    query = [n for n in names if n in present]
+    if not query:
+        return counts
+    for topic in await admin.describe_topics(query):
+        if topic.get("error_code", 0) == 0:
+            counts[topic["topic"]] = len(topic["partitions"])
+    return counts
+
+
+def _topic_errors(response: object) -> list[tuple[str, int, str | None]]:
+    rows = getattr(response, "topic_errors", [])
+    out = []
+    for row in rows:
+        name, code = row[0], row[1]
+        message = row[2] if len(row) > 2 else None
+        out.append((name, code, message))
+    return out

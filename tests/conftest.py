@@ -1,0 +1,66 @@
+"""Shared fixtures. Tests marked ``kafka`` need a real broker and FAIL when none answers.
+
+The broker is the one ``ARBITER_BOOTSTRAP`` names (``./dev test`` and ``.ci/run``
+start the local one). Each test module gets topics and a consumer group of its own,
+so tests never see each other's messages.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from arbiter.localkafka import broker_answers
+from arbiter.processes import WorkerPool
+from arbiter.settings import Settings, Topics, load_settings
+from arbiter.topics import ensure_topics
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def bootstrap() -> str:
+    """The broker under test. Missing is a failure, never a skip."""
+    settings = load_settings()
+    if not broker_answers(settings.bootstrap, timeout=10):
+        pytest.fail(
+            f"no Kafka broker answers at {settings.bootstrap}. Integration tests never skip: "
+            "run them with ./dev test (which starts the local broker) or set ARBITER_BOOTSTRAP.",
+            pytrace=False,
+        )
+    return settings.bootstrap
+
+
+def isolated_settings(bootstrap: str, tmp_home: Path, **overrides: object) -> Settings:
+    """Settings whose topics and consumer group belong to one test only."""
+    run = uuid.uuid4().hex[:10]
+    topics = Topics(**{name: f"t{run}.{name}" for name in Topics.model_fields})
+    values: dict[str, object] = {
+        "bootstrap": bootstrap,
+        "topics": topics,
+        "app_id": f"test-{run}",
+        "home": tmp_home,
+        "partitions": 2,
+    }
+    values.update(overrides)
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def kafka_settings(bootstrap: str, tmp_path: Path) -> Settings:
+    """Isolated settings with their topics created."""
+    settings = isolated_settings(bootstrap, tmp_path)
+    asyncio.run(ensure_topics(settings))
+    return settings
+
+
+@pytest.fixture
+def workers(kafka_settings: Settings) -> Iterator[WorkerPool]:
+    """A pool of real ``arbiter worker`` processes; stopped after the test."""
+    pool = WorkerPool(kafka_settings)
+    yield pool
+    pool.stop()

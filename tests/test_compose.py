@@ -1,0 +1,68 @@
+"""docker-compose.yml agrees with the project's settings (there is no Docker engine to run it)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from arbiter.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+SERVICES: dict[str, Any] = COMPOSE["services"]
+
+
+def test_services() -> None:
+    assert set(SERVICES) == {"kafka", "topics", "worker"}
+
+
+def test_kafka_is_the_official_image_at_the_pinned_version_in_kraft_mode() -> None:
+    pom = (REPO / "broker" / "pom.xml").read_text()
+    (version,) = re.findall(r"<kafka.version>([^<]+)</kafka.version>", pom)
+    kafka = SERVICES["kafka"]
+    assert kafka["image"] == f"apache/kafka:{version}"
+    env = kafka["environment"]
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    assert "ZOOKEEPER" not in " ".join(env)
+    assert env["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+    assert env["KAFKA_LOG_RETENTION_MS"] == "-1"
+    assert int(env["KAFKA_MESSAGE_MAX_BYTES"]) >= 2 * Settings().max_message_bytes
+
+
+def test_host_port_is_the_default_local_port() -> None:
+    settings = Settings()
+    kafka = SERVICES["kafka"]
+    assert f"{settings.kafka_port}:{settings.kafka_port}" in kafka["ports"]
+    advertised = kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert f"EXTERNAL://localhost:{settings.kafka_port}" in advertised.split(",")
+
+
+def test_arbiter_services_use_real_settings_and_reach_the_internal_listener() -> None:
+    fields = set(Settings.model_fields)
+    advertised = SERVICES["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    internal = next(a.split("//")[1] for a in advertised if a.startswith("INTERNAL://"))
+    for name in ("topics", "worker"):
+        env = SERVICES[name]["environment"]
+        for key in env:
+            assert key.startswith("ARBITER_"), key
+            assert key.removeprefix("ARBITER_").lower() in fields, f"{name}: {key} is not a setting"
+        settings = Settings(**{k.removeprefix("ARBITER_").lower(): v for k, v in env.items()})
+        assert settings.bootstrap == internal
+        assert settings.partitions == Settings().partitions
+
+
+def test_worker_scales() -> None:
+    worker = SERVICES["worker"]
+    assert "container_name" not in worker and "ports" not in worker
+    assert worker["command"][:2] == ["arbiter", "worker"]
+    assert worker["depends_on"]["topics"]["condition"] == "service_completed_successfully"
+    assert SERVICES["topics"]["command"] == ["arbiter", "topics", "create"]
+
+
+def test_image_installs_everything_the_worker_imports() -> None:
+    dockerfile = (REPO / "Dockerfile").read_text()
+    for folder in ("arbiter", "streams", "agents", "schemas", "broker"):
+        assert f"COPY {folder} ./{folder}" in dockerfile

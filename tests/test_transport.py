@@ -1,0 +1,35 @@
+"""The fetch-wait override relies on an aiokafka detail; this fails if aiokafka changes it."""
+
+from __future__ import annotations
+
+import inspect
+
+from aiokafka import AIOKafkaConsumer
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+from arbiter.settings import Settings
+from streams.app import create_app, faust_settings
+from streams.transport import Consumer, Transport
+
+
+async def test_aiokafka_reads_the_fetch_wait_from_the_attribute_we_set() -> None:
+    consumer = AIOKafkaConsumer(fetch_max_wait_ms=123)
+    assert consumer._fetch_max_wait_ms == 123
+    assert "fetch_max_wait_ms=self._fetch_max_wait_ms" in inspect.getsource(AIOKafkaConsumer.start)
+
+
+def test_faust_still_hard_codes_its_fetch_wait() -> None:
+    # When this fails, faust exposes the setting: drop streams/transport.py and use it.
+    source = inspect.getsource(faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer)
+    assert "fetch_max_wait_ms=1500" in source
+
+
+def test_app_uses_arbiter_transport_and_tuned_settings(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    settings = Settings(home=tmp_path, fetch_max_wait_ms=7, commit_interval=0.3)
+    app = create_app(settings)
+    assert isinstance(app.transport, Transport)
+    assert app.transport.Consumer is Consumer
+    assert app.arbiter_fetch_max_wait_ms == 7
+    assert app.conf.broker_commit_interval == 0.3
+    assert app.conf.broker_session_timeout == settings.session_timeout
+    assert faust_settings(settings)["processing_guarantee"] == "at_least_once"

@@ -1,0 +1,132 @@
+"""A real worker process: round trips, and bad input dead-lettered without stalling."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from pathlib import Path
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from agents import ArbiterClient, ArbiterTimeout
+from arbiter.contract import DeadLetter, LockRequested, Ping, default_codec
+from arbiter.demo import key_for_partition
+from arbiter.processes import WorkerPool
+from arbiter.settings import Settings
+from arbiter.topics import ensure_topics
+
+from .conftest import isolated_settings
+
+pytestmark = pytest.mark.kafka
+
+
+async def wait_until_served(client: ArbiterClient, pool: WorkerPool, keys: list[str], timeout: float = 90) -> None:
+    """Ping each key until a worker answers: the group has settled."""
+    deadline = time.monotonic() + timeout
+    for key in keys:
+        while True:
+            pool.check_alive()
+            try:
+                await client.ping(key, timeout=2)
+                break
+            except ArbiterTimeout:
+                assert time.monotonic() < deadline, f"no worker answered for {key} within {timeout}s"
+
+
+async def test_ping_round_trip_through_every_partition(kafka_settings: Settings, workers: WorkerPool) -> None:
+    workers.start(1)
+    keys = [key_for_partition(p, kafka_settings.partitions) for p in range(kafka_settings.partitions)]
+    async with ArbiterClient("tester", kafka_settings) as client:
+        await wait_until_served(client, workers, keys)
+        for partition, key in enumerate(keys):
+            result = await client.ping(key, timeout=10)
+            assert result.partition == partition
+            assert result.worker_id == "worker-1"
+
+
+async def _read_dead_letters(settings: Settings, count: int, timeout: float = 30) -> list[DeadLetter]:
+    codec = default_codec()
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        consumer.assign([TopicPartition(settings.topics.dead_letter, p) for p in range(settings.partitions)])
+        letters: list[DeadLetter] = []
+        deadline = time.monotonic() + timeout
+        while len(letters) < count and time.monotonic() < deadline:
+            for messages in (await consumer.getmany(timeout_ms=1000)).values():
+                letters.extend(codec.decode(m.value, DeadLetter) for m in messages)
+        return sorted(letters, key=lambda letter: letter.source.offset)
+    finally:
+        await consumer.stop()
+
+
+async def test_malformed_messages_are_dead_lettered_and_the_partition_keeps_flowing(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    limit = 64 * 1024
+    settings = isolated_settings(bootstrap, tmp_path, partitions=1, max_message_bytes=limit)
+    await ensure_topics(settings)
+    codec = default_codec()
+    good = codec.encode(Ping(ping_id="x", agent_id="nobody", sent_at_ms=0))
+    unsupported = codec.encode(LockRequested(request_id="r", agent_id="a", resource="doc:1", mode="exclusive",
+                                             ttl_ms=1000, sent_at_ms=0))
+    oversized = good[:10] + b"\x00" * (limit + 1)
+    bad = [
+        (b"garbage", "not_single_object"),
+        (good[:-2], "truncated"),
+        (b"\xc3\x01" + b"\x00" * 8 + good[10:], "unknown_fingerprint"),
+        (oversized, "too_large"),
+        (unsupported, "unsupported_command"),
+    ]
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=4 * limit)
+    await producer.start()
+    try:
+        for value, _reason in bad:
+            await producer.send_and_wait(settings.topics.resource_commands, key=b"doc:1", value=value)
+    finally:
+        await producer.stop()
+
+    pool = WorkerPool(settings)
+    pool.start(1)
+    try:
+        async with ArbiterClient("tester", settings) as client:
+            # The bad messages sit before this ping in the only partition: an answer
+            # proves the worker got past every one of them.
+            await wait_until_served(client, pool, ["doc:1"])
+            assert (await client.ping("doc:1", timeout=10)).partition == 0
+        letters = await _read_dead_letters(settings, len(bad))
+        pool.check_alive()
+    finally:
+        pool.stop()
+
+    assert [letter.reason for letter in letters] == [reason for _value, reason in bad]
+    for letter, (value, _reason) in zip(letters, bad, strict=True):
+        assert letter.source.topic == settings.topics.resource_commands
+        assert letter.processor == "resource"
+        assert letter.key == b"doc:1"
+        if letter.reason == "too_large":
+            assert letter.value == value[: len(letter.value)]
+            assert hashlib.sha256(value).hexdigest() in letter.detail
+        else:
+            assert letter.value == value
+    assert [letter.source.offset for letter in letters] == list(range(len(bad)))
+
+
+async def test_two_workers_share_the_partitions(kafka_settings: Settings, workers: WorkerPool) -> None:
+    workers.start(2)
+    keys = [key_for_partition(p, kafka_settings.partitions) for p in range(kafka_settings.partitions)]
+    async with ArbiterClient("tester", kafka_settings) as client:
+        owners: set[str] = set()
+        deadline = time.monotonic() + 90
+        while owners != {"worker-1", "worker-2"}:
+            assert time.monotonic() < deadline, f"partitions never spread over both workers: {owners}"
+            workers.check_alive()
+            owners = set()
+            for key in keys:
+                try:
+                    owners.add((await client.ping(key, timeout=2)).worker_id)
+                except ArbiterTimeout:
+                    await asyncio.sleep(0)

@@ -76,7 +76,12 @@ class ArbiterClient:
         partitions = sorted(await self._producer.partitions_for(inbox))
         partition = DefaultPartitioner()(self.agent_id.encode(), partitions, partitions)
         self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=servers, enable_auto_commit=False, fetch_max_wait_ms=50, group_id=None
+            bootstrap_servers=servers,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=50,
+            group_id=None,
+            # Under exactly_once, workers write in transactions: never act on an aborted one.
+            isolation_level="read_committed",
         )
         await self._consumer.start()
         tp = TopicPartition(inbox, partition)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -51,6 +53,7 @@ async def ensure_topics(settings: Settings) -> list[TopicState]:
             for name, code, message in _topic_errors(response):
                 if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS (a concurrent create)
                     raise TopicError(f"creating {name} failed: error {code} {message or ''}".strip())
+            await _wait_for_leaders(admin, missing)
             existing.update(await _partition_counts(admin, missing))
         wrong = {n: c for n, c in existing.items() if c != settings.partitions}
         if wrong:
@@ -64,6 +67,22 @@ async def ensure_topics(settings: Settings) -> list[TopicState]:
         raise TopicError(f"the broker at {settings.bootstrap} refused: {exc}") from exc
     finally:
         await admin.close()
+
+
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str], timeout: float = 30.0) -> None:
+    """Return once every partition of ``names`` has a leader, so first use does not race creation."""
+    deadline = time.monotonic() + timeout
+    while True:
+        topics = await admin.describe_topics(names)
+        ready = all(
+            t.get("error_code", 0) == 0 and t["partitions"] and all(p["leader"] >= 0 for p in t["partitions"])
+            for t in topics
+        )
+        if ready:
+            return
+        if time.monotonic() > deadline:
+            raise TopicError(f"topics {', '.join(names)} have no partition leaders after {timeout:.0f}s")
+        await asyncio.sleep(0.1)
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:

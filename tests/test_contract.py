@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import types
@@ -208,10 +209,8 @@ def test_arbitrary_bytes_never_raise_anything_but_contract_error(body: bytes, pa
     codec = default_codec()
     data = body if path is None else b"\xc3\x01" + codec.fingerprint_of(MODEL_BY_NAME[
         f"{RAW[path]['namespace']}.{RAW[path]['name']}"]) + body
-    try:
+    with contextlib.suppress(ContractError):  # any other exception fails the test
         codec.decode(data)
-    except ContractError:
-        pass
 
 
 def test_old_messages_still_decode_after_a_field_is_added(tmp_path: Path) -> None:
@@ -223,9 +222,9 @@ def test_old_messages_still_decode_after_a_field_is_added(tmp_path: Path) -> Non
     older = {**old, "fields": old_fields}
     (tmp_path / "schemas" / "history" / "Pong.v0.avsc").write_text(json.dumps(older))
 
-    import fastavro
-
     import io
+
+    import fastavro
     buf = io.BytesIO()
     from fastavro.schema import fingerprint, to_parsing_canonical_form
     fastavro.schemaless_writer(buf, fastavro.parse_schema(older), {

@@ -48,8 +48,8 @@ async def test_ping_round_trip_through_every_partition(kafka_settings: Settings,
 
 async def _read_dead_letters(settings: Settings, count: int, timeout: float = 30) -> list[DeadLetter]:
     codec = default_codec()
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
-                                auto_offset_reset="earliest", enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, auto_offset_reset="earliest",
+                                enable_auto_commit=False, isolation_level="read_committed")
     await consumer.start()
     try:
         consumer.assign([TopicPartition(settings.topics.dead_letter, p) for p in range(settings.partitions)])
@@ -130,3 +130,24 @@ async def test_two_workers_share_the_partitions(kafka_settings: Settings, worker
                     owners.add((await client.ping(key, timeout=2)).worker_id)
                 except ArbiterTimeout:
                     await asyncio.sleep(0)
+
+
+async def test_exactly_once_worker_answers_and_dead_letters(bootstrap: str, tmp_path: Path) -> None:
+    """faust's Kafka-transaction mode is an option, so it is tested, not assumed."""
+    settings = isolated_settings(bootstrap, tmp_path, partitions=1, processing_guarantee="exactly_once")
+    await ensure_topics(settings)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
+    await producer.start()
+    try:
+        await producer.send_and_wait(settings.topics.resource_commands, key=b"doc:1", value=b"garbage")
+    finally:
+        await producer.stop()
+    pool = WorkerPool(settings)
+    pool.start(1)
+    try:
+        async with ArbiterClient("tester", settings) as client:
+            await wait_until_served(client, pool, ["doc:1"])
+        letters = await _read_dead_letters(settings, 1)
+    finally:
+        pool.stop()
+    assert [letter.reason for letter in letters] == ["not_single_object"]

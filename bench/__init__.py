@@ -1,0 +1,1 @@
+"""Benchmarks: commands that print figures. Run with ``./dev bench`` (see README)."""

@@ -1,0 +1,71 @@
+"""The ``arbiter`` command: clear errors, non-zero exits, nothing changed on bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from arbiter.settings import Settings
+
+
+def arbiter(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "arbiter", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, check=False)
+
+
+def test_help_lists_every_command() -> None:
+    out = arbiter("--help").stdout
+    for command in ("kafka", "topics", "worker", "ping", "demo"):
+        assert command in out
+
+
+@pytest.mark.parametrize("bootstrap", ["no-port", "host:notaport"])
+def test_bad_bootstrap_is_a_clear_error(bootstrap: str) -> None:
+    proc = arbiter("--bootstrap", bootstrap, "topics", "create")
+    assert proc.returncode == 1
+    assert "invalid settings: bootstrap" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_bad_environment_value_is_a_clear_error() -> None:
+    proc = arbiter("topics", "create", env={"ARBITER_PARTITIONS": "zero"})
+    assert proc.returncode == 1
+    assert "invalid settings: partitions" in proc.stderr
+
+
+def test_worker_without_kafka_says_how_to_get_one(tmp_path: Path) -> None:
+    proc = arbiter("--bootstrap", "127.0.0.1:1", "--home", str(tmp_path), "worker")
+    assert proc.returncode == 1
+    assert "no Kafka answers at 127.0.0.1:1" in proc.stderr
+    assert "arbiter kafka up" in proc.stderr
+
+
+def test_topics_create_without_kafka_is_a_clear_error() -> None:
+    proc = arbiter("--bootstrap", "127.0.0.1:1", "topics", "create")
+    assert proc.returncode == 1
+    assert "127.0.0.1:1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.kafka
+def test_ping_with_no_worker_times_out_clearly(kafka_settings: Settings) -> None:
+    env = {"ARBITER_TOPICS__RESOURCE_COMMANDS": kafka_settings.topics.resource_commands,
+           "ARBITER_TOPICS__AGENT_INBOX": kafka_settings.topics.agent_inbox,
+           "ARBITER_BOOTSTRAP": kafka_settings.bootstrap}
+    proc = arbiter("ping", "--count", "1", "--timeout", "2", env=env)
+    assert proc.returncode == 1
+    assert "no Pong within 2.0s: is a worker running?" in proc.stderr
+
+
+@pytest.mark.kafka
+def test_kafka_status_reports_the_broker(bootstrap: str) -> None:
+    host, _, port = bootstrap.rpartition(":")
+    proc = arbiter("--kafka-port", port, "kafka", "status", env={"ARBITER_BOOTSTRAP": ""})
+    if host == "127.0.0.1":
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "answers" in proc.stdout

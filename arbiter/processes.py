@@ -9,8 +9,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from agents import ArbiterClient
 
 
 @dataclass
@@ -91,3 +95,19 @@ class WorkerPool:
             except subprocess.TimeoutExpired:
                 w.kill()
         self.workers.clear()
+
+
+async def wait_until_served(client: ArbiterClient, pool: WorkerPool, keys: list[str], timeout: float = 90) -> None:
+    """Ping each key until a worker answers for it: the consumer group has settled."""
+    from agents import ArbiterTimeout
+
+    deadline = time.monotonic() + timeout
+    for key in keys:
+        while True:
+            pool.check_alive()
+            try:
+                await client.ping(key, timeout=2)
+                break
+            except ArbiterTimeout:
+                if time.monotonic() > deadline:
+                    raise ArbiterTimeout(f"no worker answered for {key!r} within {timeout:.0f}s") from None

@@ -40,9 +40,9 @@ def bench_codec(seconds: float) -> None:
 
 
 async def _roundtrip(rate: float, count: int) -> list[float]:
-    from agents import ArbiterClient, ArbiterTimeout
+    from agents import ArbiterClient
     from arbiter.demo import key_for_partition
-    from arbiter.processes import WorkerPool
+    from arbiter.processes import WorkerPool, wait_until_served
     from arbiter.settings import Settings, Topics, load_settings
     from arbiter.topics import ensure_topics
 
@@ -57,16 +57,7 @@ async def _roundtrip(rate: float, count: int) -> list[float]:
         try:
             keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
             async with ArbiterClient("bench", settings) as client:
-                deadline = time.monotonic() + 90
-                for key in keys:
-                    while True:
-                        pool.check_alive()
-                        try:
-                            await client.ping(key, timeout=2)
-                            break
-                        except ArbiterTimeout:
-                            if time.monotonic() > deadline:
-                                raise
+                await wait_until_served(client, pool, keys)
                 rtts = []
                 interval = 1.0 / rate
                 next_at = time.perf_counter()

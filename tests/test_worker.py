@@ -13,7 +13,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from agents import ArbiterClient, ArbiterTimeout
 from arbiter.contract import DeadLetter, LockRequested, Ping, default_codec
 from arbiter.demo import key_for_partition
-from arbiter.processes import WorkerPool
+from arbiter.processes import WorkerPool, wait_until_served
 from arbiter.settings import Settings
 from arbiter.topics import ensure_topics
 
@@ -22,17 +22,14 @@ from .conftest import isolated_settings
 pytestmark = pytest.mark.kafka
 
 
-async def wait_until_served(client: ArbiterClient, pool: WorkerPool, keys: list[str], timeout: float = 90) -> None:
-    """Ping each key until a worker answers: the group has settled."""
-    deadline = time.monotonic() + timeout
-    for key in keys:
-        while True:
-            pool.check_alive()
-            try:
-                await client.ping(key, timeout=2)
-                break
-            except ArbiterTimeout:
-                assert time.monotonic() < deadline, f"no worker answered for {key} within {timeout}s"
+async def _produce(settings: Settings, key: bytes, values: list[bytes]) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, max_request_size=4 * settings.max_message_bytes)
+    await producer.start()
+    try:
+        for value in values:
+            await producer.send_and_wait(settings.topics.resource_commands, key=key, value=value)
+    finally:
+        await producer.stop()
 
 
 async def test_ping_round_trip_through_every_partition(kafka_settings: Settings, workers: WorkerPool) -> None:
@@ -81,13 +78,7 @@ async def test_malformed_messages_are_dead_lettered_and_the_partition_keeps_flow
         (oversized, "too_large"),
         (unsupported, "unsupported_command"),
     ]
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, max_request_size=4 * limit)
-    await producer.start()
-    try:
-        for value, _reason in bad:
-            await producer.send_and_wait(settings.topics.resource_commands, key=b"doc:1", value=value)
-    finally:
-        await producer.stop()
+    await _produce(settings, b"doc:1", [value for value, _reason in bad])
 
     pool = WorkerPool(settings)
     pool.start(1)
@@ -136,12 +127,7 @@ async def test_exactly_once_worker_answers_and_dead_letters(bootstrap: str, tmp_
     """faust's Kafka-transaction mode is an option, so it is tested, not assumed."""
     settings = isolated_settings(bootstrap, tmp_path, partitions=1, processing_guarantee="exactly_once")
     await ensure_topics(settings)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap)
-    await producer.start()
-    try:
-        await producer.send_and_wait(settings.topics.resource_commands, key=b"doc:1", value=b"garbage")
-    finally:
-        await producer.stop()
+    await _produce(settings, b"doc:1", [b"garbage"])
     pool = WorkerPool(settings)
     pool.start(1)
     try:

@@ -71,6 +71,7 @@ class LockRequested(Record):
     priority: int = 0
     wait_ms: int = 0
     saga_id: str | None = None
+    held_resources: list[str] = []
     sent_at_ms: int
 
 
@@ -151,6 +152,7 @@ class LockGranted(Record):
     expires_at_ms: int
     holders: list[Holder]
     resource_version: int
+    warnings: list[str] = []
     decided_at_ms: int
     cause: Cause
 
@@ -163,10 +165,14 @@ class LockQueued(Record):
     request_id: str
     agent_id: str
     resource: str
+    mode: str
+    ttl_ms: int
+    saga_id: str | None = None
     position: int
     priority: int
     wait_deadline_ms: int
     blocking_agents: list[str]
+    warnings: list[str] = []
     decided_at_ms: int
     cause: Cause
 

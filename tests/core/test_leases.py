@@ -1,0 +1,305 @@
+"""The lease book's rules, one story at a time (pure core, no I/O)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from arbiter.contract import (
+    Cause,
+    LockCancelled,
+    LockCancelRequested,
+    LockDenied,
+    LockExpired,
+    LockGranted,
+    LockQueued,
+    LockReleased,
+    LockReleaseRequested,
+    LockRenewed,
+    LockRenewRequested,
+    LockRequested,
+    LockRevoked,
+    LockRevokeRequested,
+    LockTick,
+    LockWaitTimedOut,
+    WaitEdgeAdded,
+    WaitEdgeRemoved,
+)
+from streams.leases import LeaseBook, LeaseRules, LockEvent, decide, evolve, new_book, step
+
+RES = "account:482"
+
+
+class Harness:
+    """Feeds commands through ``decide`` + ``evolve`` and checks ``step`` agrees."""
+
+    def __init__(self, rules: LeaseRules | None = None) -> None:
+        self.rules = rules or LeaseRules()
+        self.book = new_book(RES)
+        self.shadow = new_book(RES)
+        self.offset = 0
+        self.n = 0
+
+    def send(self, command: Any, now: int) -> list[LockEvent]:
+        cause = Cause(topic="cmds", partition=0, offset=self.offset)
+        self.offset += 1
+        before = self.book.to_dict()
+        events = decide(self.book, command, now, cause, self.rules)
+        assert self.book.to_dict() == before, "decide must not change the book"
+        for event in events:
+            evolve(self.book, event, self.rules)
+        assert step(self.shadow, command, now, cause, self.rules) == events
+        assert self.shadow.to_dict() == self.book.to_dict()
+        assert LeaseBook.from_dict(json.loads(json.dumps(self.book.to_dict()))).to_dict() == self.book.to_dict()
+        return events
+
+    def rid(self) -> str:
+        self.n += 1
+        return f"req-{self.n}"
+
+    def acquire(self, agent: str, now: int, *, mode: str = "exclusive", ttl: int = 30_000, wait: int = 0,
+                priority: int = 0, held: list[str] | None = None, request_id: str | None = None,
+                resource: str = RES) -> list[LockEvent]:
+        return self.send(LockRequested(request_id=request_id or self.rid(), agent_id=agent, resource=resource,
+                                       mode=mode, ttl_ms=ttl, wait_ms=wait, priority=priority,
+                                       held_resources=held or [], sent_at_ms=0), now)
+
+    def release(self, agent: str, token: int, now: int) -> list[LockEvent]:
+        return self.send(LockReleaseRequested(request_id=self.rid(), agent_id=agent, resource=RES, token=token,
+                                              sent_at_ms=0), now)
+
+    def renew(self, agent: str, token: int, now: int, ttl: int | None = None) -> list[LockEvent]:
+        return self.send(LockRenewRequested(request_id=self.rid(), agent_id=agent, resource=RES, token=token,
+                                            ttl_ms=ttl, sent_at_ms=0), now)
+
+    def tick(self, now: int) -> list[LockEvent]:
+        return self.send(LockTick(tick_id=self.rid(), partition=0, sent_at_ms=0), now)
+
+
+def only(events: list[LockEvent], kind: type) -> list[Any]:
+    return [e for e in events if isinstance(e, kind)]
+
+
+def test_the_zombie_story() -> None:
+    """Alpha stalls past its TTL; Beta gets N+1; Alpha's renew and release are refused."""
+    h = Harness()
+    (alpha,) = h.acquire("alpha", 0, ttl=30_000)
+    assert isinstance(alpha, LockGranted)
+    n = alpha.token
+    beta_events = h.acquire("beta", 35_000)
+    assert [type(e) for e in beta_events] == [LockExpired, LockGranted]
+    beta = beta_events[1]
+    assert beta.token == n + 1 and beta.agent_id == "beta"
+
+    (renew,) = h.renew("alpha", n, 36_000)
+    assert isinstance(renew, LockDenied) and renew.reason == "stale_fencing_token"
+    diagnostic = json.loads(renew.detail)
+    assert diagnostic["current"]["high_water_token"] == n + 1
+    assert diagnostic["current"]["holders"][0]["agent_id"] == "beta"
+    assert "re-acquire" in diagnostic["what_to_do"]
+    (release,) = h.release("alpha", n, 36_001)
+    assert isinstance(release, LockDenied) and release.reason == "stale_fencing_token"
+    assert list(h.book.holders) == [n + 1]
+    assert h.book.holders[n + 1].expires_at_ms == 35_000 + 30_000
+
+
+def test_dead_lease_with_nobody_newer_is_not_live() -> None:
+    h = Harness()
+    (g,) = h.acquire("alpha", 0, ttl=1000)
+    assert [type(e) for e in h.tick(1000)] == [LockExpired]
+    (denied,) = h.renew("alpha", g.token, 1001)
+    assert denied.reason == "lease_not_live"
+
+
+def test_tokens_strictly_increase_even_after_the_book_empties() -> None:
+    h = Harness()
+    tokens = []
+    for i in range(5):
+        (g,) = h.acquire(f"a{i}", i * 10)
+        tokens.append(g.token)
+        h.release(f"a{i}", g.token, i * 10 + 1)
+        assert h.book.is_idle()
+    assert tokens == sorted(tokens) and len(set(tokens)) == 5
+
+
+def test_shared_leases_coexist_each_with_its_own_token_and_exclusive_waits() -> None:
+    h = Harness()
+    (s1,) = h.acquire("s1", 0, mode="shared")
+    (s2,) = h.acquire("s2", 1, mode="shared")
+    assert s2.token == s1.token + 1
+    assert {x.agent_id for x in s2.holders} == {"s1", "s2"}
+    events = h.acquire("x", 2, wait=10_000)
+    (queued,) = only(events, LockQueued)
+    assert queued.blocking_agents == ["s1", "s2"]
+    assert {(e.waiter, e.holder) for e in only(events, WaitEdgeAdded)} == {("x", "s1"), ("x", "s2")}
+    # A later shared request must not barge past the queued exclusive one.
+    (q2,) = only(h.acquire("s3", 3, mode="shared", wait=10_000), LockQueued)
+    assert q2.position == 2
+
+
+def test_release_hands_off_to_a_run_of_shared_waiters_or_one_exclusive() -> None:
+    h = Harness()
+    (x,) = h.acquire("x", 0)
+    h.acquire("s1", 1, mode="shared", wait=60_000)
+    h.acquire("s2", 2, mode="shared", wait=60_000)
+    h.acquire("y", 3, wait=60_000)
+    h.acquire("s3", 4, mode="shared", wait=60_000)
+    events = h.release("x", x.token, 10)
+    granted = only(events, LockGranted)
+    assert [g.agent_id for g in granted] == ["s1", "s2"]
+    assert [g.token for g in granted] == [x.token + 1, x.token + 2]
+    # y now waits on the two shared holders; s3 waits behind y.
+    assert {(e.waiter, e.holder) for e in only(events, WaitEdgeAdded)} >= {("y", "s1"), ("y", "s2")}
+    assert {e.waiter for e in only(events, WaitEdgeRemoved)} >= {"s1", "s2"}
+    h.release("s1", granted[0].token, 11)
+    events = h.release("s2", granted[1].token, 12)
+    assert [g.agent_id for g in only(events, LockGranted)] == ["y"]
+
+
+def test_priority_classes_then_fifo() -> None:
+    h = Harness()
+    (x,) = h.acquire("x", 0)
+    h.acquire("low1", 1, wait=60_000, priority=0)
+    h.acquire("high1", 2, wait=60_000, priority=5)
+    h.acquire("low2", 3, wait=60_000, priority=0)
+    (q,) = only(h.acquire("high2", 4, wait=60_000, priority=5), LockQueued)
+    assert q.position == 2
+    order = []
+    token = x.token
+    agent = "x"
+    for now in range(10, 14):
+        (g,) = only(h.release(agent, token, now), LockGranted)
+        order.append(g.agent_id)
+        agent, token = g.agent_id, g.token
+    assert order == ["high1", "high2", "low1", "low2"]
+
+
+def test_waiter_times_out_and_leaves_the_queue() -> None:
+    h = Harness()
+    h.acquire("x", 0, ttl=60_000)
+    h.acquire("y", 1, wait=5_000)
+    events = h.tick(5_001)
+    assert [type(e) for e in events] == [WaitEdgeRemoved, LockWaitTimedOut]
+    assert events[1].waited_ms == 5_000
+    assert h.book.queue == []
+
+
+def test_cancel_removes_the_waiter_and_may_unblock_those_behind() -> None:
+    h = Harness()
+    h.acquire("s1", 0, mode="shared")
+    h.acquire("x", 1, wait=60_000, request_id="x-req")
+    h.acquire("s2", 2, mode="shared", wait=60_000)
+    events = h.send(LockCancelRequested(request_id="c1", agent_id="x", resource=RES, target_request_id="x-req",
+                                        sent_at_ms=0), 3)
+    assert [type(e) for e in events][:2] == [WaitEdgeRemoved, LockCancelled]
+    assert [g.agent_id for g in only(events, LockGranted)] == ["s2"]
+    (denied,) = h.send(LockCancelRequested(request_id="c2", agent_id="x", resource=RES,
+                                           target_request_id="x-req", sent_at_ms=0), 4)
+    assert denied.reason == "not_waiting"
+
+
+def test_revoke_takes_leases_and_waits_and_hands_off() -> None:
+    h = Harness()
+    (v,) = h.acquire("victim", 0)
+    h.acquire("other", 1, wait=60_000)
+    events = h.send(LockRevokeRequested(request_id="rv", resource=RES, agent_id="victim", reason="deadlock_victim",
+                                        requested_by="deadlock-detector", sent_at_ms=0), 2)
+    (revoked,) = only(events, LockRevoked)
+    assert revoked.token == v.token and revoked.reason == "deadlock_victim"
+    (g,) = only(events, LockGranted)
+    assert g.agent_id == "other" and g.token == v.token + 1
+    (denied,) = h.renew("victim", v.token, 3)
+    assert denied.reason == "stale_fencing_token"
+
+
+def test_non_holder_cannot_renew_or_release() -> None:
+    h = Harness()
+    (g,) = h.acquire("alpha", 0)
+    (d1,) = h.renew("mallory", g.token, 1)
+    (d2,) = h.release("mallory", g.token, 1)
+    assert d1.reason == d2.reason == "not_holder"
+    assert list(h.book.holders) == [g.token]
+
+
+def test_renew_extends_from_now() -> None:
+    h = Harness()
+    (g,) = h.acquire("alpha", 0, ttl=10_000)
+    (r,) = h.renew("alpha", g.token, 9_000)
+    assert isinstance(r, LockRenewed) and r.expires_at_ms == 19_000
+    assert h.tick(12_000) == []
+    (r2,) = h.renew("alpha", g.token, 12_000, ttl=1_000)
+    assert r2.expires_at_ms == 13_000
+
+
+def test_a_command_seen_before_has_no_second_effect() -> None:
+    h = Harness()
+    first = h.acquire("alpha", 0, request_id="same")
+    assert h.acquire("alpha", 1, request_id="same") == []
+    (g,) = first
+    assert h.release("alpha", g.token, 2)[0].__class__ is LockReleased
+    # The lease is gone, yet the same acquire id still does nothing.
+    assert h.acquire("alpha", 3, request_id="same") == []
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"resource": ""}, "invalid_resource"),
+        ({"resource": "x" * 257}, "invalid_resource"),
+        ({"resource": "é" * 129}, "invalid_resource"),
+        ({"ttl": 0}, "invalid_ttl"),
+        ({"ttl": -5}, "invalid_ttl"),
+        ({"ttl": 3_600_001}, "invalid_ttl"),
+        ({"mode": "sharedish"}, "invalid_mode"),
+        ({"wait": -1}, "invalid_wait"),
+    ],
+)
+def test_bad_input_is_denied_with_a_reason_and_changes_nothing(kwargs: dict[str, Any], reason: str) -> None:
+    h = Harness()
+    (denied,) = h.acquire("alpha", 0, **kwargs)
+    assert isinstance(denied, LockDenied) and denied.reason == reason
+    assert json.loads(denied.detail)["reason"] == reason
+    assert h.book.is_idle() and h.book.last_token == 0
+
+
+def test_busy_when_trying_once() -> None:
+    h = Harness()
+    h.acquire("alpha", 0)
+    (denied,) = h.acquire("beta", 1, wait=0)
+    assert denied.reason == "busy"
+
+
+def test_reacquire_and_double_wait_are_refused() -> None:
+    h = Harness()
+    h.acquire("alpha", 0)
+    assert h.acquire("alpha", 1)[0].reason == "already_holder"
+    h.acquire("beta", 2, wait=1000)
+    assert h.acquire("beta", 3, wait=1000)[0].reason == "already_waiting"
+
+
+def test_lock_order_warn_and_reject() -> None:
+    warn = Harness(LeaseRules(lock_order="warn"))
+    (g,) = warn.acquire("alpha", 0, held=["zzz:later"])
+    assert isinstance(g, LockGranted) and "lock order" in g.warnings[0]
+    reject = Harness(LeaseRules(lock_order="reject"))
+    (d,) = reject.acquire("alpha", 0, held=["zzz:later"])
+    assert d.reason == "lock_order_violation"
+    (ok,) = reject.acquire("alpha", 0, held=["aaa:earlier"])
+    assert isinstance(ok, LockGranted) and ok.warnings == []
+
+
+def test_the_clock_never_goes_back() -> None:
+    h = Harness()
+    (g,) = h.acquire("alpha", 10_000, ttl=5_000)
+    # A command stamped earlier than the book's clock is decided at the book's clock.
+    (r,) = h.renew("alpha", g.token, 1)
+    assert r.decided_at_ms == 10_000 and r.expires_at_ms == 15_000
+
+
+def test_every_event_names_its_cause() -> None:
+    h = Harness()
+    h.acquire("alpha", 0)
+    events = h.acquire("beta", 1, wait=100)
+    assert {e.cause.offset for e in events if e.cause is not None} == {1}

@@ -4,5 +4,6 @@ The public surface is re-exported here and pinned by ``tests/test_sdk_exports.py
 """
 
 from .client import ArbiterClient, ArbiterTimeout, PingResult
+from .leases import ArbiterError, Lease, LeaseDenied, LeaseLost
 
-__all__ = ["ArbiterClient", "ArbiterTimeout", "PingResult"]
+__all__ = ["ArbiterClient", "ArbiterError", "ArbiterTimeout", "Lease", "LeaseDenied", "LeaseLost", "PingResult"]

@@ -5,27 +5,53 @@ Theory of operation
 Commands go to the resource-command topic, keyed by resource (the processors decide
 per key, in order). Outcomes come back on the agent-inbox topic, keyed by agent id.
 The client reads only the inbox partition its agent id hashes to (the producer's
-murmur2 partitioner, the same one the workers use), starting at the end, and
-routes each message to the coroutine awaiting it by correlation id. Nothing polls:
-a waiting call is a suspended future.
+murmur2 partitioner, the same one the workers use), starting at the end, and hands
+each message to the route registered for its request id. Nothing polls: a waiting
+call is a suspended future.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
-from arbiter.contract import Codec, ContractError, Ping, Pong, Record, default_codec
+from arbiter.contract import (
+    Codec,
+    ContractError,
+    LockCancelled,
+    LockCancelRequested,
+    LockDenied,
+    LockExpired,
+    LockGranted,
+    LockQueued,
+    LockReleased,
+    LockReleaseRequested,
+    LockRenewed,
+    LockRenewRequested,
+    LockRequested,
+    LockRevoked,
+    LockWaitTimedOut,
+    Ping,
+    Pong,
+    Record,
+    default_codec,
+)
 from arbiter.settings import Settings, load_settings
 
+from .leases import ArbiterError, Lease, LeaseDenied, OnAcquired
 
-class ArbiterTimeout(TimeoutError):
+
+class ArbiterTimeout(ArbiterError, TimeoutError):
     """No outcome arrived in time. Retriable: the command may or may not have been decided."""
 
     retriable = True
@@ -40,8 +66,34 @@ class PingResult:
     partition: int
 
 
+Route = Callable[[Record], None]
+
+_FINAL_ACQUIRE = (LockGranted, LockDenied, LockWaitTimedOut, LockCancelled)
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _denied(record: Record) -> LeaseDenied:
+    if isinstance(record, LockDenied):
+        try:
+            diagnostic = json.loads(record.detail)
+        except ValueError:
+            diagnostic = {"reason": record.reason, "detail": record.detail}
+        return LeaseDenied(record.reason, diagnostic)
+    if isinstance(record, LockWaitTimedOut):
+        return LeaseDenied("wait_timed_out", {
+            "reason": "wait_timed_out", "resource": record.resource, "waited_ms": record.waited_ms,
+            "what_to_do": "The resource stayed busy. Retry later or wait longer."})
+    assert isinstance(record, LockCancelled)
+    return LeaseDenied(record.reason, {
+        "reason": record.reason, "resource": record.resource,
+        "what_to_do": "Your request was withdrawn before it was granted."})
 
 
 class ArbiterClient:
@@ -56,7 +108,8 @@ class ArbiterClient:
         self._producer: AIOKafkaProducer | None = None
         self._consumer: AIOKafkaConsumer | None = None
         self._reader: asyncio.Task[None] | None = None
-        self._waiters: dict[str, asyncio.Future[Record]] = {}
+        self._routes: dict[str, Route] = {}
+        self._held: dict[str, Lease] = {}
 
     async def __aenter__(self) -> ArbiterClient:
         await self.start()
@@ -66,6 +119,8 @@ class ArbiterClient:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+    # -- connection ------------------------------------------------------------------
 
     async def start(self) -> None:
         """Connect, and start reading this agent's inbox from now on."""
@@ -91,15 +146,12 @@ class ArbiterClient:
         self._reader = asyncio.create_task(self._read_inbox(), name=f"arbiter-inbox-{self.agent_id}")
 
     async def close(self) -> None:
-        """Stop reading and disconnect. Pending calls fail with ``ArbiterTimeout``."""
+        """Stop reading and disconnect. Held leases are left to expire."""
         if self._reader is not None:
             self._reader.cancel()
             await asyncio.gather(self._reader, return_exceptions=True)
             self._reader = None
-        for future in self._waiters.values():
-            if not future.done():
-                future.set_exception(ArbiterTimeout("client closed"))
-        self._waiters.clear()
+        self._routes.clear()
         if self._consumer is not None:
             await self._consumer.stop()
             self._consumer = None
@@ -109,45 +161,220 @@ class ArbiterClient:
 
     async def _read_inbox(self) -> None:
         assert self._consumer is not None
+        own_key = self.agent_id.encode()
         async for message in self._consumer:
-            if message.key != self.agent_id.encode() or message.value is None:
+            if message.key != own_key or message.value is None:
                 continue
             try:
                 record: Record = self.codec.decode(message.value)
             except ContractError:
                 continue  # not for a client this version understands; the workers dead-letter
-            key = _correlation_id(record)
-            future = self._waiters.get(key) if key else None
-            if future is not None and not future.done():
-                future.set_result(record)
+            key = record.ping_id if isinstance(record, Pong) else getattr(record, "request_id", None)
+            route = self._routes.get(key) if isinstance(key, str) else None
+            if route is not None:
+                route(record)
 
-    async def _send(self, resource_key: str, record: Record) -> None:
+    async def _send(self, key: str, record: Record) -> None:
         if self._producer is None:
             raise RuntimeError("ArbiterClient is not started; use 'async with ArbiterClient(...)'")
         await self._producer.send_and_wait(
-            self.settings.topics.resource_commands, key=resource_key.encode(), value=self.codec.encode(record)
+            self.settings.topics.resource_commands, key=key.encode(), value=self.codec.encode(record)
         )
+
+    async def _call(self, key: str, command: Record, request_id: str, timeout: float,
+                    final: tuple[type[Record], ...]) -> Record:
+        """Send one command and await the first inbox event of a ``final`` type for it."""
+        future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
+
+        def route(record: Record) -> None:
+            if isinstance(record, final) and not future.done():
+                future.set_result(record)
+
+        self._routes[request_id] = route
+        try:
+            await self._send(key, command)
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            raise ArbiterTimeout(f"no answer to {type(command).__name__} on {key!r} within {timeout}s: "
+                                 "is a worker running?") from None
+        finally:
+            self._routes.pop(request_id, None)
+
+    # -- health ----------------------------------------------------------------------
 
     async def ping(self, key: str | None = None, timeout: float = 10.0) -> PingResult:
         """Send a Ping through the worker that owns ``key``'s partition and await the Pong."""
-        ping_id = uuid.uuid4().hex
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Record] = loop.create_future()
-        self._waiters[ping_id] = future
+        ping_id = _new_id()
         started = time.perf_counter()
         try:
-            await self._send(key or f"ping:{ping_id}", Ping(ping_id=ping_id, agent_id=self.agent_id,
-                                                            sent_at_ms=_now_ms()))
-            pong = await asyncio.wait_for(future, timeout)
-        except TimeoutError:
+            pong = await self._call(key or f"ping:{ping_id}", Ping(ping_id=ping_id, agent_id=self.agent_id,
+                                                                   sent_at_ms=_now_ms()), ping_id, timeout, (Pong,))
+        except ArbiterTimeout:
             raise ArbiterTimeout(f"no Pong within {timeout}s: is a worker running?") from None
-        finally:
-            self._waiters.pop(ping_id, None)
         assert isinstance(pong, Pong)
         return PingResult((time.perf_counter() - started) * 1000, pong.worker_id, pong.cause.partition)
 
+    # -- leases ----------------------------------------------------------------------
 
-def _correlation_id(record: Record) -> str | None:
-    if isinstance(record, Pong):
-        return record.ping_id
-    return None
+    async def acquire(
+        self,
+        resource: str,
+        *,
+        ttl: float = 30.0,
+        mode: str = "exclusive",
+        priority: int = 0,
+        wait: float = 60.0,
+        saga_id: str | None = None,
+        on_queued: Callable[[LockQueued], None] | None = None,
+    ) -> Lease:
+        """Acquire a lease, waiting in the queue up to ``wait`` seconds. Does not renew it.
+
+        Raises ``LeaseDenied`` (with the JSON diagnostic) when it is not granted, and
+        ``ArbiterTimeout`` when no decision arrives at all.
+        """
+        request_id = _new_id()
+        ttl_ms, wait_ms = round(ttl * 1000), round(wait * 1000)
+        command = LockRequested(
+            request_id=request_id, agent_id=self.agent_id, resource=resource, mode=mode, ttl_ms=ttl_ms,
+            priority=priority, wait_ms=wait_ms, saga_id=saga_id, held_resources=sorted(self._held),
+            sent_at_ms=_now_ms(),
+        )
+        future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
+        lease: Lease | None = None
+
+        def route(record: Record) -> None:
+            if isinstance(record, LockQueued) and on_queued is not None:
+                on_queued(record)
+            elif isinstance(record, _FINAL_ACQUIRE) and not future.done():
+                future.set_result(record)
+            elif isinstance(record, LockExpired | LockRevoked) and lease is not None:
+                lease.mark_lost("expired" if isinstance(record, LockExpired) else f"revoked: {record.reason}")
+
+        self._routes[request_id] = route
+        sent_at = time.monotonic()
+        try:
+            await self._send(resource, command)
+            outcome = await asyncio.wait_for(future, wait + self.settings.session_timeout + 10)
+        except BaseException as exc:
+            # Timed out or cancelled while queued: withdraw, and give back a late grant.
+            self._routes[request_id] = self._orphan_route(resource)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._send(resource, LockCancelRequested(
+                    request_id=_new_id(), agent_id=self.agent_id, resource=resource, target_request_id=request_id,
+                    sent_at_ms=_now_ms())))
+            if isinstance(exc, asyncio.TimeoutError):
+                raise ArbiterTimeout(f"no decision on {resource!r} within {wait}s plus grace: "
+                                     "is a worker running?") from None
+            raise
+        if not isinstance(outcome, LockGranted):
+            self._routes.pop(request_id, None)
+            raise _denied(outcome)
+        lease = Lease(resource=resource, agent_id=self.agent_id, request_id=request_id, token=outcome.token,
+                      mode=outcome.mode, ttl_ms=ttl_ms, expires_at_ms=outcome.expires_at_ms,
+                      resource_version=outcome.resource_version, warnings=list(outcome.warnings))
+        # Count the TTL from when we *sent* the request: never later than the broker's clock.
+        lease.extended(sent_at, outcome.expires_at_ms, ttl_ms)
+        self._held[resource] = lease
+        return lease
+
+    def _orphan_route(self, resource: str) -> Route:
+        def route(record: Record) -> None:
+            if isinstance(record, LockGranted):
+                asyncio.get_running_loop().create_task(self.release_token(resource, record.token))
+        return route
+
+    async def renew(self, lease: Lease, ttl: float | None = None, timeout: float = 10.0) -> None:
+        """Extend ``lease``. A refusal marks it lost and raises ``LeaseDenied``."""
+        sent_at = time.monotonic()
+        outcome = await self.renew_token(lease.resource, lease.token,
+                                         None if ttl is None else ttl, timeout=timeout)
+        if isinstance(outcome, LockRenewed):
+            lease.extended(sent_at, outcome.expires_at_ms, outcome.expires_at_ms - outcome.decided_at_ms)
+            return
+        lease.mark_lost(f"renewal refused: {outcome.reason}")
+        raise _denied(outcome)
+
+    async def release(self, lease: Lease, timeout: float = 10.0) -> None:
+        """Give ``lease`` back. Releasing a lease that is already gone is not an error."""
+        self._held.pop(lease.resource, None)
+        self._routes.pop(lease.request_id, None)
+        if lease.lost_reason is not None:
+            return
+        outcome = await self.release_token(lease.resource, lease.token, timeout=timeout)
+        lease.mark_lost("released")
+        if isinstance(outcome, LockDenied) and outcome.reason not in {"lease_not_live", "stale_fencing_token"}:
+            raise _denied(outcome)
+
+    async def renew_token(self, resource: str, token: int, ttl: float | None = None,
+                          timeout: float = 10.0) -> LockRenewed | LockDenied:
+        """Low level: renew by token (for tools that are not Python; see ``arbiter lock``)."""
+        request_id = _new_id()
+        outcome = await self._call(resource, LockRenewRequested(
+            request_id=request_id, agent_id=self.agent_id, resource=resource, token=token,
+            ttl_ms=None if ttl is None else round(ttl * 1000), sent_at_ms=_now_ms(),
+        ), request_id, timeout, (LockRenewed, LockDenied))
+        assert isinstance(outcome, LockRenewed | LockDenied)
+        return outcome
+
+    async def release_token(self, resource: str, token: int, timeout: float = 10.0) -> LockReleased | LockDenied:
+        """Low level: release by token."""
+        request_id = _new_id()
+        outcome = await self._call(resource, LockReleaseRequested(
+            request_id=request_id, agent_id=self.agent_id, resource=resource, token=token, sent_at_ms=_now_ms(),
+        ), request_id, timeout, (LockReleased, LockDenied))
+        assert isinstance(outcome, LockReleased | LockDenied)
+        return outcome
+
+    @contextlib.asynccontextmanager
+    async def lease(
+        self,
+        resource: str,
+        *,
+        ttl: float = 30.0,
+        mode: str = "exclusive",
+        priority: int = 0,
+        wait: float = 60.0,
+        saga_id: str | None = None,
+        on_acquired: OnAcquired | None = None,
+        renew: bool = True,
+    ) -> AsyncIterator[Lease]:
+        """``async with client.lease(name) as lease``: acquire, renew in the background, release.
+
+        ``on_acquired(lease)`` runs after the grant and before the body, so the agent
+        refreshes its context with what it holds now, not what it saw before queueing.
+        """
+        held = await self.acquire(resource, ttl=ttl, mode=mode, priority=priority, wait=wait, saga_id=saga_id)
+        renewer = asyncio.create_task(self._keep_renewed(held)) if renew else None
+        try:
+            if on_acquired is not None:
+                await on_acquired(held)
+            yield held
+        finally:
+            if renewer is not None:
+                renewer.cancel()
+                await asyncio.gather(renewer, return_exceptions=True)
+            await asyncio.shield(self.release(held))
+
+    async def _keep_renewed(self, lease: Lease) -> None:
+        while lease.lost_reason is None:
+            await asyncio.sleep(lease.ttl_ms / 3000)
+            if lease.lost_reason is not None:
+                return
+            try:
+                await self.renew(lease, ttl=lease.ttl_ms / 1000, timeout=max(1.0, lease.ttl_ms / 3000))
+            except LeaseDenied:
+                return
+            except ArbiterTimeout:
+                continue  # the lease may still be live; the local deadline decides
+
+    @contextlib.asynccontextmanager
+    async def leases(self, resources: Iterable[str], **options: Any) -> AsyncIterator[dict[str, Lease]]:
+        """Acquire several leases in the global order (sorted names); release in reverse.
+
+        Every agent acquiring in one order cannot deadlock on these leases.
+        """
+        async with contextlib.AsyncExitStack() as stack:
+            held: dict[str, Lease] = {}
+            for name in sorted(set(resources)):
+                held[name] = await stack.enter_async_context(self.lease(name, **options))
+            yield held

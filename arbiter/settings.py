@@ -96,6 +96,23 @@ class Settings(BaseSettings):
     producer_linger_ms: int = Field(default=0, ge=0)
     """Producer batching delay."""
 
+    tick_interval_ms: int = Field(default=100, ge=10, le=60_000)
+    """How often each worker sends a tick into every partition it owns: the
+    resolution of lease expiry and wait time-outs."""
+
+    max_ttl_ms: int = Field(default=3_600_000, ge=1)
+    """Longest lease TTL a request may ask for."""
+
+    max_wait_ms: int = Field(default=3_600_000, ge=0)
+    """Longest time a request may wait in a queue."""
+
+    lock_order: Literal["warn", "reject", "off"] = "warn"
+    """What to do with a request from an agent that already holds a resource later in
+    the global (sorted) order: grant it with a warning, deny it, or not check."""
+
+    graph_key: str = "global"
+    """Key of wait-for edges on the wait-edge topic: one graph, one partition."""
+
     worker_id: str = ""
     """Name of this worker in Pong and diagnostics; defaults to host:pid."""
 

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
 from .settings import Settings
@@ -15,6 +16,9 @@ TOPIC_CONFIG = {
     # The log is the audit record; nothing ages out.
     "retention.ms": "-1",
     "retention.bytes": "-1",
+    # Decisions use the broker's append time of a command as "now": the same on every
+    # redelivery and in every replay, and never a client's clock.
+    "message.timestamp.type": "LogAppendTime",
 }
 
 
@@ -55,6 +59,7 @@ async def ensure_topics(settings: Settings) -> list[TopicState]:
                     raise TopicError(f"creating {name} failed: error {code} {message or ''}".strip())
             await _wait_for_leaders(admin, missing)
             existing.update(await _partition_counts(admin, missing))
+        await _align_configs(admin, [n for n in wanted if n not in missing])
         wrong = {n: c for n, c in existing.items() if c != settings.partitions}
         if wrong:
             detail = ", ".join(f"{n} has {c}" for n, c in sorted(wrong.items()))
@@ -83,6 +88,21 @@ async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str], timeou
         if time.monotonic() > deadline:
             raise TopicError(f"topics {', '.join(names)} have no partition leaders after {timeout:.0f}s")
         await asyncio.sleep(0.1)
+
+
+async def _align_configs(admin: AIOKafkaAdminClient, names: list[str]) -> None:
+    """Set TOPIC_CONFIG on existing topics where it differs (topics from older versions)."""
+    if not names:
+        return
+    responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
+    stale = []
+    for response in responses:
+        for resource in response.resources:
+            name, entries = resource[3], {row[0]: row[1] for row in resource[4]}
+            if any(entries.get(k) != v for k, v in TOPIC_CONFIG.items()):
+                stale.append(name)
+    if stale:
+        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, n, TOPIC_CONFIG) for n in stale])
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:

@@ -1,25 +1,43 @@
 """The faust application: settings reviewed for latency, and the processors wired up.
 
 Processors stay thin: decode (dead-lettering what does not decode), hand the command
-to a pure decision function, send the events it returns. Nothing else lives here.
+to a pure decision core, send the events it returns. Nothing else lives here.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 import time
 from typing import Any
 
 import faust
+from faust.serializers import codecs
 
-from arbiter.contract import Cause, ContractError, Ping, Pong, Record, default_codec
+from arbiter.contract import Cause, ContractError, LockTick, Ping, Pong, Record, default_codec
 from arbiter.settings import Settings
 
 from .deadletter import dead_letter
+from .leases import RESOURCE_LOCK_COMMANDS, LeaseRules
+from .resource import Outputs, ResourceShell, book_from_bytes, book_to_bytes
 from .transport import Transport
 
 RESOURCE_PROCESSOR = "resource"
+TICK_KEY = b"__tick__"
+
+
+class LeaseBookCodec(codecs.Codec):
+    """faust codec for the lease table's values (compact JSON)."""
+
+    def _dumps(self, obj: Any) -> bytes:
+        return book_to_bytes(obj)
+
+    def _loads(self, s: bytes) -> Any:
+        return book_from_bytes(s)
+
+
+codecs.register("arbiter-leasebook", LeaseBookCodec())
 
 
 class ArbiterApp(faust.App):
@@ -36,6 +54,15 @@ def worker_id(settings: Settings) -> str:
     return settings.worker_id or f"{socket.gethostname()}:{os.getpid()}"
 
 
+def lease_rules(settings: Settings) -> LeaseRules:
+    """The lease book's rules from settings."""
+    return LeaseRules(
+        max_ttl_ms=settings.max_ttl_ms,
+        max_wait_ms=settings.max_wait_ms,
+        lock_order=settings.lock_order,
+    )
+
+
 def faust_settings(settings: Settings) -> dict[str, Any]:
     """faust settings, each chosen for Arbiter (README "Worker tuning" says why)."""
     settings.home.mkdir(parents=True, exist_ok=True)
@@ -50,10 +77,16 @@ def faust_settings(settings: Settings) -> dict[str, Any]:
         "producer_linger_ms": settings.producer_linger_ms,
         "producer_max_request_size": 2 * settings.max_message_bytes,
         "consumer_auto_offset_reset": "earliest",
+        "table_standby_replicas": 0,
+        "stream_wait_empty": False,
         "web_enabled": settings.web_port != 0,
         "web_port": settings.web_port or 6066,
         "datadir": str((settings.home / "worker-data").resolve()),
     }
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def create_app(settings: Settings) -> ArbiterApp:
@@ -62,49 +95,85 @@ def create_app(settings: Settings) -> ArbiterApp:
     app.arbiter_fetch_max_wait_ms = settings.fetch_max_wait_ms
     codec = default_codec(settings.max_message_bytes)
     me = worker_id(settings)
+    topics = settings.topics
 
     def raw_topic(name: str) -> Any:
         return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
-    commands = raw_topic(settings.topics.resource_commands)
-    inbox = raw_topic(settings.topics.agent_inbox)
-    dead_letters = raw_topic(settings.topics.dead_letter)
+    commands = raw_topic(topics.resource_commands)
+    out_topics = {name: raw_topic(name) for name in (topics.resource_events, topics.agent_inbox, topics.wait_edges)}
+    dead_letters = raw_topic(topics.dead_letter)
+    books: Any = app.Table("leases", default=None, partitions=settings.partitions)
+    # faust derives a table's serializers from faust Record types, else JSON; ours are
+    # plain bytes keys and LeaseBook values. Set before the store and changelog exist.
+    books.key_serializer = "raw"
+    books.value_serializer = "arbiter-leasebook"
 
-    async def send(topic: Any, key: str, record: Record) -> None:
-        await topic.send(key=key.encode(), value=codec.encode(record))
+    async def send(topic: str, key: bytes, record: Record) -> None:
+        await out_topics[topic].send(key=key, value=codec.encode(record))
 
-    async def decode_or_dead_letter(event: Any, processor: str) -> tuple[Record, Cause] | None:
-        msg = event.message
-        cause = Cause(topic=msg.topic, partition=msg.partition, offset=msg.offset)
-        try:
-            return codec.decode(event.value), cause
-        except ContractError as error:
-            letter = dead_letter(
-                error, processor=processor, source=cause, key=event.key, value=bytes(event.value or b""),
-                now_ms=time.time_ns() // 1_000_000, max_message_bytes=settings.max_message_bytes,
-            )
-            await dead_letters.send(key=event.key, value=codec.encode(letter))
-            app.log.warning("dead-lettered %s[%d]@%d: %s", msg.topic, msg.partition, msg.offset, error)
-            return None
+    shell = ResourceShell(
+        books=books, partitions=settings.partitions, rules=lease_rules(settings),
+        outputs=Outputs(topics.resource_events, topics.agent_inbox, topics.wait_edges, settings.graph_key.encode()),
+        send=send,
+    )
+
+    async def reject(event: Any, cause: Cause, error: ContractError) -> None:
+        letter = dead_letter(error, processor=RESOURCE_PROCESSOR, source=cause, key=event.key,
+                             value=bytes(event.value or b""), now_ms=_now_ms(),
+                             max_message_bytes=settings.max_message_bytes)
+        await dead_letters.send(key=event.key, value=codec.encode(letter))
+        app.log.warning("dead-lettered %s[%d]@%d: %s", cause.topic, cause.partition, cause.offset, error)
 
     @app.agent(commands, name=RESOURCE_PROCESSOR)
     async def resource_processor(stream: Any) -> None:
         async for event in stream.events():
-            decoded = await decode_or_dead_letter(event, RESOURCE_PROCESSOR)
-            if decoded is None:
-                continue
-            command, cause = decoded
-            now_ms = time.time_ns() // 1_000_000
-            if isinstance(command, Ping):
-                pong = Pong(ping_id=command.ping_id, agent_id=command.agent_id, worker_id=me,
-                            decided_at_ms=now_ms, cause=cause)
-                await send(inbox, command.agent_id, pong)
-                continue
-            # No decision core handles this command type in this version: keep it, say why.
-            error = ContractError("unsupported_command", f"{type(command).__name__} has no handler in this worker")
-            letter = dead_letter(error, processor=RESOURCE_PROCESSOR, source=cause, key=event.key,
-                                 value=bytes(event.value), now_ms=now_ms,
-                                 max_message_bytes=settings.max_message_bytes)
-            await dead_letters.send(key=event.key, value=codec.encode(letter))
+            try:
+                await handle(event)
+            except Exception as exc:
+                # A bug, not bad input. Carrying on would leave the table behind the events
+                # already sent, so stop the worker: it restarts from the last committed
+                # offset and rebuilds the table from its changelog.
+                app.log.exception("resource processor failed on %r; stopping the worker", event.message)
+                await app.crash(exc)
+                raise
+
+    async def handle(event: Any) -> None:
+        """Decide one command message."""
+        msg = event.message
+        cause = Cause(topic=msg.topic, partition=msg.partition, offset=msg.offset)
+        try:
+            command: Record = codec.decode(event.value)
+        except ContractError as error:
+            await reject(event, cause, error)
+            return
+        # The broker's append time: the same on every redelivery (see streams.leases).
+        now_ms = round(msg.timestamp * 1000) if msg.timestamp else _now_ms()
+        if isinstance(command, LockTick):
+            await shell.tick(command, now_ms, cause, app.consumer_generation_id)
+        elif isinstance(command, RESOURCE_LOCK_COMMANDS):
+            if event.key != command.resource.encode():
+                # Decided under another key, the resource would have two orders.
+                await reject(event, cause, ContractError(
+                    "key_mismatch", f"message key {event.key!r} is not the resource {command.resource!r}"))
+                return
+            await shell.decide(event.key, command, now_ms, cause)
+        elif isinstance(command, Ping):
+            await send(topics.agent_inbox, command.agent_id.encode(), Pong(
+                ping_id=command.ping_id, agent_id=command.agent_id, worker_id=me, decided_at_ms=now_ms,
+                cause=cause))
+        else:
+            await reject(event, cause, ContractError(
+                "unsupported_command", f"{type(command).__name__} has no handler in this worker"))
+
+    tick_ids = itertools.count()
+
+    @app.timer(interval=settings.tick_interval_ms / 1000.0, on_leader=False)  # type: ignore[untyped-decorator]
+    async def tick_owned_partitions() -> None:
+        # One tick per partition this worker owns: expiry decisions go through the log.
+        owned = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == topics.resource_commands)
+        for partition in owned:
+            tick = LockTick(tick_id=f"{me}:{partition}:{next(tick_ids)}", partition=partition, sent_at_ms=_now_ms())
+            await commands.send(key=TICK_KEY, value=codec.encode(tick), partition=partition)
 
     return app

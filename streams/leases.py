@@ -94,6 +94,14 @@ LOCK_COMMANDS = (
     LockRevokeRequested,
     LockTick,
 )
+RESOURCE_LOCK_COMMANDS = (
+    LockRequested,
+    LockRenewRequested,
+    LockReleaseRequested,
+    LockCancelRequested,
+    LockRevokeRequested,
+)
+"""The lock commands that name a resource (every one but the tick)."""
 MODES = ("exclusive", "shared")
 
 
@@ -189,7 +197,9 @@ class LeaseBook:
             version=data["version"],
             seq=data["seq"],
             holders={h[0]: Lease(*h) for h in data["holders"]},
-            queue=[Waiter(*w[:9], blockers=tuple(w[9])) for w in data["queue"]],
+            queue=[
+                Waiter(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], tuple(w[9])) for w in data["queue"]
+            ],
             seen=dict.fromkeys(data["seen"]),
         )
 

@@ -4,10 +4,16 @@ import agents
 
 
 def test_public_surface() -> None:
-    assert sorted(agents.__all__) == ["ArbiterClient", "ArbiterTimeout", "PingResult"]
+    assert sorted(agents.__all__) == [
+        "ArbiterClient", "ArbiterError", "ArbiterTimeout", "Lease", "LeaseDenied", "LeaseLost", "PingResult",
+    ]
     for name in agents.__all__:
         assert getattr(agents, name).__doc__, f"{name} needs a docstring"
 
 
-def test_timeouts_say_a_retry_may_be_safe() -> None:
+def test_errors_say_whether_a_retry_may_succeed() -> None:
     assert agents.ArbiterTimeout.retriable is True
+    assert issubclass(agents.ArbiterTimeout, agents.ArbiterError)
+    assert agents.LeaseDenied("busy", {}).retriable is True
+    assert agents.LeaseDenied("invalid_ttl", {}).retriable is False
+    assert agents.LeaseLost.retriable is False

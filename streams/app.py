@@ -10,7 +10,7 @@ import itertools
 import os
 import socket
 import time
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.serializers import codecs
@@ -85,6 +85,20 @@ def faust_settings(settings: Settings) -> dict[str, Any]:
     }
 
 
+def lease_table(app: faust.App, partitions: int) -> Any:
+    """The changelogged lease table: bytes keys (the resource), LeaseBook values.
+
+    faust derives a table's serializers from faust Record types, else JSON, and
+    ``app.Table`` creates the changelog topic at once. So the table is built by hand,
+    its serializers set, and only then registered (which creates the changelog topic).
+    """
+    table: Any = cast(Any, app.conf.Table)(app, name="leases", default=None, beacon=app.tables.beacon, partitions=partitions,
+                                help="Lease book per resource")
+    table.key_serializer = "raw"
+    table.value_serializer = "arbiter-leasebook"
+    return app.tables.add(table)
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -103,11 +117,7 @@ def create_app(settings: Settings) -> ArbiterApp:
     commands = raw_topic(topics.resource_commands)
     out_topics = {name: raw_topic(name) for name in (topics.resource_events, topics.agent_inbox, topics.wait_edges)}
     dead_letters = raw_topic(topics.dead_letter)
-    books: Any = app.Table("leases", default=None, partitions=settings.partitions)
-    # faust derives a table's serializers from faust Record types, else JSON; ours are
-    # plain bytes keys and LeaseBook values. Set before the store and changelog exist.
-    books.key_serializer = "raw"
-    books.value_serializer = "arbiter-leasebook"
+    books = lease_table(app, settings.partitions)
 
     async def send(topic: str, key: bytes, record: Record) -> None:
         await out_topics[topic].send(key=key, value=codec.encode(record))

@@ -92,8 +92,10 @@ def lease_table(app: faust.App, partitions: int) -> Any:
     ``app.Table`` creates the changelog topic at once. So the table is built by hand,
     its serializers set, and only then registered (which creates the changelog topic).
     """
-    table: Any = cast(Any, app.conf.Table)(app, name="leases", default=None, beacon=app.tables.beacon, partitions=partitions,
-                                help="Lease book per resource")
+    table: Any = cast(Any, app.conf.Table)(
+        app, name="leases", default=None, beacon=app.tables.beacon, partitions=partitions,
+        help="Lease book per resource",
+    )
     table.key_serializer = "raw"
     table.value_serializer = "arbiter-leasebook"
     return app.tables.add(table)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -77,23 +76,6 @@ def _now_ms() -> int:
 
 def _new_id() -> str:
     return uuid.uuid4().hex
-
-
-def _denied(record: Record) -> LeaseDenied:
-    if isinstance(record, LockDenied):
-        try:
-            diagnostic = json.loads(record.detail)
-        except ValueError:
-            diagnostic = {"reason": record.reason, "detail": record.detail}
-        return LeaseDenied(record.reason, diagnostic)
-    if isinstance(record, LockWaitTimedOut):
-        return LeaseDenied("wait_timed_out", {
-            "reason": "wait_timed_out", "resource": record.resource, "waited_ms": record.waited_ms,
-            "what_to_do": "The resource stayed busy. Retry later or wait longer."})
-    assert isinstance(record, LockCancelled)
-    return LeaseDenied(record.reason, {
-        "reason": record.reason, "resource": record.resource,
-        "what_to_do": "Your request was withdrawn before it was granted."})
 
 
 class ArbiterClient:
@@ -266,9 +248,10 @@ class ArbiterClient:
                 raise ArbiterTimeout(f"no decision on {resource!r} within {wait}s plus grace: "
                                      "is a worker running?") from None
             raise
-        if not isinstance(outcome, LockGranted):
+        if isinstance(outcome, LockDenied | LockWaitTimedOut | LockCancelled):
             self._routes.pop(request_id, None)
-            raise _denied(outcome)
+            raise LeaseDenied.from_event(outcome)
+        assert isinstance(outcome, LockGranted)
         lease = Lease(resource=resource, agent_id=self.agent_id, request_id=request_id, token=outcome.token,
                       mode=outcome.mode, ttl_ms=ttl_ms, expires_at_ms=outcome.expires_at_ms,
                       resource_version=outcome.resource_version, warnings=list(outcome.warnings))
@@ -292,7 +275,7 @@ class ArbiterClient:
             lease.extended(sent_at, outcome.expires_at_ms, outcome.expires_at_ms - outcome.decided_at_ms)
             return
         lease.mark_lost(f"renewal refused: {outcome.reason}")
-        raise _denied(outcome)
+        raise LeaseDenied.from_event(outcome)
 
     async def release(self, lease: Lease, timeout: float = 10.0) -> None:
         """Give ``lease`` back. Releasing a lease that is already gone is not an error."""
@@ -303,7 +286,7 @@ class ArbiterClient:
         outcome = await self.release_token(lease.resource, lease.token, timeout=timeout)
         lease.mark_lost("released")
         if isinstance(outcome, LockDenied) and outcome.reason not in {"lease_not_live", "stale_fencing_token"}:
-            raise _denied(outcome)
+            raise LeaseDenied.from_event(outcome)
 
     async def renew_token(self, resource: str, token: int, ttl: float | None = None,
                           timeout: float = 10.0) -> LockRenewed | LockDenied:

@@ -26,6 +26,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from arbiter.contract import LockCancelled, LockDenied, LockWaitTimedOut
+
 
 class ArbiterError(Exception):
     """Base of the SDK's errors. ``retriable`` says whether the same call may succeed later."""
@@ -43,6 +45,23 @@ class LeaseDenied(ArbiterError):
         super().__init__(json.dumps(diagnostic, sort_keys=True))
         self.reason = reason
         self.diagnostic = diagnostic
+
+    @classmethod
+    def from_event(cls, record: LockDenied | LockWaitTimedOut | LockCancelled) -> LeaseDenied:
+        """The error an agent sees for a refusal, a wait time-out or a withdrawn request."""
+        if isinstance(record, LockDenied):
+            try:
+                diagnostic = json.loads(record.detail)
+            except ValueError:
+                diagnostic = {"reason": record.reason, "detail": record.detail}
+            return cls(record.reason, diagnostic)
+        if isinstance(record, LockWaitTimedOut):
+            return cls("wait_timed_out", {
+                "reason": "wait_timed_out", "resource": record.resource, "waited_ms": record.waited_ms,
+                "what_to_do": "The resource stayed busy. Retry later or wait longer."})
+        return cls(record.reason, {
+            "reason": record.reason, "resource": record.resource,
+            "what_to_do": "Your request was withdrawn before it was granted."})
 
     @property
     def retriable(self) -> bool:  # type: ignore[override]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import sys
 from collections.abc import Callable
@@ -175,6 +176,124 @@ def ping(ctx: click.Context, count: int, timeout: float) -> None:
         _fail(str(exc))
     if rtts:
         click.echo(f"{len(rtts)} round trips: median {statistics.median(rtts):.1f} ms, max {max(rtts):.1f} ms")
+
+
+# -- lock ----------------------------------------------------------------------------
+
+
+@main.group()
+def lock() -> None:
+    """Acquire, renew and release leases from a shell (for agents not written in Python).
+
+    Every answer is one JSON object on stdout. Exit 0: done; 1: refused (the JSON is
+    the diagnostic); 2: no answer in time.
+    """
+
+
+def _lock_call(ctx: click.Context, agent: str, work: Callable[[Any], Any]) -> None:
+    from agents import ArbiterClient, ArbiterTimeout, LeaseDenied
+
+    settings = _settings(ctx)
+
+    async def run() -> Any:
+        async with ArbiterClient(agent, settings) as client:
+            return await work(client)
+
+    try:
+        result = asyncio.run(run())
+    except LeaseDenied as exc:
+        click.echo(json.dumps(exc.diagnostic, sort_keys=True))
+        sys.exit(1)
+    except ArbiterTimeout as exc:
+        click.secho(f"error: {exc}", fg="red", err=True)
+        sys.exit(2)
+    click.echo(json.dumps(result, sort_keys=True))
+
+
+_agent_option = click.option("--agent", required=True, help="The agent id that holds or asks for the lease.")
+
+
+@lock.command("acquire")
+@click.argument("resource")
+@_agent_option
+@click.option("--ttl", default=30.0, show_default=True, help="Lease TTL in seconds.")
+@click.option("--mode", type=click.Choice(["exclusive", "shared"]), default="exclusive", show_default=True)
+@click.option("--wait", default=0.0, show_default=True, help="Seconds to wait in the queue (0: try once).")
+@click.option("--priority", default=0, show_default=True, help="Queue priority; higher is served first.")
+@click.pass_context
+def lock_acquire(ctx: click.Context, resource: str, agent: str, ttl: float, mode: str, wait: float,
+                 priority: int) -> None:
+    """Acquire a lease. Prints its token; renew it before the TTL runs out."""
+
+    async def work(client: Any) -> dict[str, Any]:
+        lease = await client.acquire(resource, ttl=ttl, mode=mode, wait=wait, priority=priority)
+        return {"resource": resource, "agent_id": agent, "token": lease.token, "mode": lease.mode,
+                "expires_at_ms": lease.expires_at_ms, "resource_version": lease.resource_version,
+                "warnings": lease.warnings}
+
+    _lock_call(ctx, agent, work)
+
+
+def _token_outcome(outcome: Any) -> dict[str, Any]:
+    from agents import LeaseDenied
+    from arbiter.contract import LockDenied
+
+    if isinstance(outcome, LockDenied):
+        raise LeaseDenied.from_event(outcome)
+    data: dict[str, Any] = outcome.model_dump(exclude={"cause"})
+    return data
+
+
+@lock.command("renew")
+@click.argument("resource")
+@_agent_option
+@click.option("--token", type=int, required=True, help="The lease's fencing token.")
+@click.option("--ttl", type=float, default=None, help="New TTL in seconds (default: the lease's own).")
+@click.pass_context
+def lock_renew(ctx: click.Context, resource: str, agent: str, token: int, ttl: float | None) -> None:
+    """Extend a lease you hold."""
+
+    async def work(client: Any) -> dict[str, Any]:
+        return _token_outcome(await client.renew_token(resource, token, ttl))
+
+    _lock_call(ctx, agent, work)
+
+
+@lock.command("release")
+@click.argument("resource")
+@_agent_option
+@click.option("--token", type=int, required=True, help="The lease's fencing token.")
+@click.pass_context
+def lock_release(ctx: click.Context, resource: str, agent: str, token: int) -> None:
+    """Give a lease back."""
+
+    async def work(client: Any) -> dict[str, Any]:
+        return _token_outcome(await client.release_token(resource, token))
+
+    _lock_call(ctx, agent, work)
+
+
+@lock.command("status")
+@click.argument("resource")
+@click.pass_context
+def lock_status(ctx: click.Context, resource: str) -> None:
+    """Holders, waiters and the token high-water mark, folded from the event log."""
+    from .history import lease_book
+
+    settings = _settings(ctx)
+    try:
+        book = asyncio.run(lease_book(settings, resource))
+    except Exception as exc:
+        _fail(f"cannot read the log at {settings.bootstrap}: {exc}")
+    click.echo(json.dumps({
+        "resource": resource,
+        "high_water_token": book.last_token,
+        "as_of_ms": book.clock_ms,
+        "holders": [{"agent_id": h.agent_id, "token": h.token, "mode": h.mode, "expires_at_ms": h.expires_at_ms}
+                    for h in book.holders.values()],
+        "waiting": [{"agent_id": w.agent_id, "mode": w.mode, "priority": w.priority, "deadline_ms": w.deadline_ms}
+                    for w in book.queue],
+    }, sort_keys=True))
 
 
 def _register_late_commands() -> None:

@@ -94,6 +94,20 @@ LOCK_COMMANDS = (
     LockRevokeRequested,
     LockTick,
 )
+LOCK_EVENTS = (
+    LockGranted,
+    LockQueued,
+    LockDenied,
+    LockRenewed,
+    LockReleased,
+    LockExpired,
+    LockRevoked,
+    LockCancelled,
+    LockWaitTimedOut,
+    WaitEdgeAdded,
+    WaitEdgeRemoved,
+)
+"""Every event the lease book emits (and ``evolve`` folds)."""
 RESOURCE_LOCK_COMMANDS = (
     LockRequested,
     LockRenewRequested,

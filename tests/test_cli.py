@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from arbiter.processes import WorkerPool, settings_env
 from arbiter.settings import Settings
 
 
@@ -69,3 +70,33 @@ def test_kafka_status_reports_the_broker(bootstrap: str) -> None:
     if host == "127.0.0.1":
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "answers" in proc.stdout
+
+
+@pytest.mark.kafka
+def test_lock_commands_from_a_shell(kafka_settings: Settings, workers: WorkerPool) -> None:
+    import json
+
+    workers.start(1)
+    env = settings_env(kafka_settings)
+    env.pop("ARBITER_HOME", None)
+
+    def lock(*args: str) -> subprocess.CompletedProcess[str]:
+        return arbiter("lock", *args, env=env, timeout=120)
+
+    first = lock("acquire", "ticket:cust_8492", "--agent", "shell-a", "--ttl", "30", "--wait", "60")
+    assert first.returncode == 0, first.stderr
+    token = json.loads(first.stdout)["token"]
+    busy = lock("acquire", "ticket:cust_8492", "--agent", "shell-b")
+    assert busy.returncode == 1
+    assert json.loads(busy.stdout)["reason"] == "busy"
+    status = json.loads(lock("status", "ticket:cust_8492").stdout)
+    assert status["holders"] == [{"agent_id": "shell-a", "token": token, "mode": "exclusive",
+                                  "expires_at_ms": json.loads(first.stdout)["expires_at_ms"]}]
+    renewed = lock("renew", "ticket:cust_8492", "--agent", "shell-a", "--token", str(token), "--ttl", "60")
+    assert renewed.returncode == 0 and json.loads(renewed.stdout)["token"] == token
+    foreign = lock("release", "ticket:cust_8492", "--agent", "shell-b", "--token", str(token))
+    assert foreign.returncode == 1 and json.loads(foreign.stdout)["reason"] == "not_holder"
+    released = lock("release", "ticket:cust_8492", "--agent", "shell-a", "--token", str(token))
+    assert released.returncode == 0, released.stdout + released.stderr
+    after = json.loads(lock("status", "ticket:cust_8492").stdout)
+    assert after["holders"] == [] and after["high_water_token"] == token

@@ -97,6 +97,26 @@ async def _dead_letter_check(settings: Settings) -> DeadLetter:
         await dlq.stop()
 
 
+async def _zombie_story(settings: Settings) -> None:
+    """The seed's zombie: Alpha stalls past its TTL, Beta gets N+1, Alpha is fenced off."""
+    from agents import ArbiterClient, LeaseDenied
+
+    resource = f"account:482-{int(time.time())}"
+    async with ArbiterClient("alpha", settings) as alpha, ArbiterClient("beta", settings) as beta:
+        stalled = await alpha.acquire(resource, ttl=1.0, wait=0)
+        click.echo(f"  alpha holds {resource} with token {stalled.token} (TTL 1 s) and stalls in 'inference'")
+        fresh = await beta.acquire(resource, ttl=30, wait=20)
+        click.echo(f"  beta waited in the queue, got token {fresh.token} when alpha's lease expired")
+        click.echo(f"  alpha's SDK saw its lease lost: {await asyncio.wait_for(stalled.wait_lost(), 10)}")
+        try:
+            await alpha.renew(stalled)
+            raise RuntimeError("the zombie's renewal was accepted")
+        except LeaseDenied as refused:
+            click.echo(f"  alpha wakes up and renews: refused, {refused.reason} "
+                       f"(high-water token {refused.diagnostic['current']['high_water_token']})")
+        await beta.release(fresh)
+
+
 @click.command()
 @click.option("--workers", default=2, show_default=True, help="How many stream-processor workers to start.")
 @click.option("--rounds", default=200, show_default=True, help="How many round trips to measure.")
@@ -134,12 +154,14 @@ def demo(ctx: click.Context, workers: int, rounds: int) -> None:
         click.echo(f"started {workers} worker(s); waiting for them to own all {settings.partitions} partitions")
         try:
             rtts = asyncio.run(_round_trips(settings, rounds, 120.0, pool))
+            q = statistics.quantiles(rtts, n=100) if len(rtts) > 1 else rtts * 99
+            click.echo(f"round trips through the workers: {len(rtts)}; "
+                       f"p50 {q[49]:.1f} ms, p99 {q[98]:.1f} ms, max {max(rtts):.1f} ms")
             letter = asyncio.run(_dead_letter_check(settings))
-        except Exception as exc:
+            click.echo(f"malformed message dead-lettered: reason={letter.reason} "
+                       f"from {letter.source.topic}[{letter.source.partition}]@{letter.source.offset}; "
+                       "the partition kept flowing")
+            click.echo("zombie story (leases and fencing tokens):")
+            asyncio.run(_zombie_story(settings))
+        except Exception as exc:  # report, then the exit stack cleans up what was started
             _fail(f"demo failed: {exc}")
-        q = statistics.quantiles(rtts, n=100)
-        click.echo(f"round trips through the workers: {len(rtts)}; "
-                   f"p50 {q[49]:.1f} ms, p99 {q[98]:.1f} ms, max {max(rtts):.1f} ms")
-        click.echo(f"malformed message dead-lettered: reason={letter.reason} "
-                   f"from {letter.source.topic}[{letter.source.partition}]@{letter.source.offset}; "
-                   "the partition kept flowing")

@@ -1,8 +1,8 @@
-"""``python -m bench [codec|roundtrip|all]``: print Arbiter's measured figures.
+"""``python -m bench [NAME ...]``: print Arbiter's measured figures.
 
-- codec: Avro single-object encode and decode rates, in-process.
-- roundtrip: Ping -> worker -> Pong latency through the real broker and one worker
-  process, at a steady request rate.
+Names: codec, roundtrip, core, grant, handoff, throughput (default: all of them).
+The Kafka benchmarks need a broker (``./dev bench`` starts the local one) and start
+their own worker processes on topics of their own.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import argparse
 import asyncio
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from arbiter.contract import Cause, Holder, LockGranted, default_codec
+
+from . import leases
+from .env import bench_arbiter
 
 
 def bench_codec(seconds: float) -> None:
@@ -39,57 +40,52 @@ def bench_codec(seconds: float) -> None:
         print(f"codec {label:6s} LockGranted ({len(data)} bytes): {count / elapsed:>10,.0f} msgs/s")
 
 
-async def _roundtrip(rate: float, count: int) -> list[float]:
+async def bench_roundtrip(rate: float, count: int) -> None:
     from agents import ArbiterClient
     from arbiter.demo import key_for_partition
-    from arbiter.processes import WorkerPool, wait_until_served
-    from arbiter.settings import Settings, Topics, load_settings
-    from arbiter.topics import ensure_topics
 
-    run = f"bench{int(time.time())}"
-    base = load_settings()
-    with tempfile.TemporaryDirectory() as home:
-        settings = Settings(bootstrap=base.bootstrap, home=Path(home), app_id=run,
-                            topics=Topics(**{n: f"{run}.{n}" for n in Topics.model_fields}))
-        await ensure_topics(settings)
-        pool = WorkerPool(settings)
-        pool.start(1, loglevel="warning")
-        try:
-            keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
-            async with ArbiterClient("bench", settings) as client:
-                await wait_until_served(client, pool, keys)
-                rtts = []
-                interval = 1.0 / rate
-                next_at = time.perf_counter()
-                for i in range(count):
-                    rtts.append((await client.ping(keys[i % len(keys)], timeout=10)).rtt_ms)
-                    next_at += interval
-                    await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
-                return rtts
-        finally:
-            pool.stop()
-
-
-def bench_roundtrip(rate: float, count: int) -> None:
-    rtts = asyncio.run(_roundtrip(rate, count))
+    async with bench_arbiter() as settings, ArbiterClient("bench", settings) as client:
+        keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
+        rtts = []
+        interval, next_at = 1.0 / rate, time.perf_counter()
+        for i in range(count):
+            rtts.append((await client.ping(keys[i % len(keys)], timeout=10)).rtt_ms)
+            next_at += interval
+            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
     q = statistics.quantiles(rtts, n=100)
     print(f"round trip Ping->worker->Pong, {count} at ~{rate:.0f}/s, one worker: "
           f"p50 {q[49]:.2f} ms  p99 {q[98]:.2f} ms  max {max(rtts):.2f} ms")
 
 
+NAMES = ["codec", "core", "roundtrip", "grant", "handoff", "throughput"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("which", nargs="?", default="all", choices=["codec", "roundtrip", "all"])
+    parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of: {', '.join(NAMES)}")
     parser.add_argument("--seconds", type=float, default=2.0, help="time per in-process figure")
-    parser.add_argument("--rate", type=float, default=100.0, help="round trips per second")
-    parser.add_argument("--count", type=int, default=2000, help="round trips to measure")
+    parser.add_argument("--rate", type=float, default=100.0, help="requests per second for latency figures")
+    parser.add_argument("--count", type=int, default=1000, help="samples per latency figure")
+    parser.add_argument("--burst", type=int, default=20_000, help="acquires in the throughput burst")
     args = parser.parse_args()
-    print(f"# {platform.node()}: {platform.processor() or platform.machine()}, Python {platform.python_version()}")
-    if args.which in ("codec", "all"):
+    unknown = sorted(set(args.names) - set(NAMES))
+    if unknown:
+        parser.error(f"unknown benchmark {', '.join(unknown)}; choose from {', '.join(NAMES)}")
+    names = args.names or NAMES
+    print(f"# {platform.node()}: {platform.machine()}, Python {platform.python_version()}")
+    if "codec" in names:
         bench_codec(args.seconds)
-    if args.which in ("roundtrip", "all"):
-        bench_roundtrip(args.rate, args.count)
+    if "core" in names:
+        leases.core(args.seconds)
+    if "roundtrip" in names:
+        asyncio.run(bench_roundtrip(args.rate, args.count))
+    if "grant" in names:
+        asyncio.run(leases.grant_latency(args.rate, args.count))
+    if "handoff" in names:
+        asyncio.run(leases.handoff_latency(min(args.count, 300)))
+    if "throughput" in names:
+        asyncio.run(leases.grant_throughput(args.burst))
 
 
 if __name__ == "__main__":

@@ -116,12 +116,14 @@ def create_app(settings: Settings) -> ArbiterApp:
         return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
     commands = raw_topic(topics.resource_commands)
-    out_topics = {name: raw_topic(name) for name in (topics.resource_events, topics.agent_inbox, topics.wait_edges)}
     dead_letters = raw_topic(topics.dead_letter)
     books = lease_table(app, settings.partitions)
 
     async def send(topic: str, key: bytes, record: Record) -> None:
-        await out_topics[topic].send(key=key, value=codec.encode(record))
+        # Straight to faust's producer: Topic.send adds futures, callbacks and sensors
+        # per message that cost more than the decision itself (README "Worker tuning").
+        producer = await app.maybe_start_producer()
+        await producer.send(topic, key, codec.encode(record), None, None, None)
 
     shell = ResourceShell(
         books=books, partitions=settings.partitions, rules=lease_rules(settings),

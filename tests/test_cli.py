@@ -100,3 +100,17 @@ def test_lock_commands_from_a_shell(kafka_settings: Settings, workers: WorkerPoo
     assert released.returncode == 0, released.stdout + released.stderr
     after = json.loads(lock("status", "ticket:cust_8492").stdout)
     assert after["holders"] == [] and after["high_water_token"] == token
+
+
+@pytest.mark.kafka
+def test_the_main_job_runs_end_to_end(bootstrap: str, tmp_path: Path) -> None:
+    from .conftest import isolated_settings
+
+    settings = isolated_settings(bootstrap, tmp_path)
+    env = settings_env(settings)
+    proc = arbiter("demo", "--workers", "2", "--rounds", "20", env=env, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "round trips through the workers: 20" in proc.stdout
+    assert "malformed message dead-lettered: reason=unknown_fingerprint" in proc.stdout
+    assert "refused, stale_fencing_token" in proc.stdout
+    assert "workers stopped" in proc.stdout

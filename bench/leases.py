@@ -1,0 +1,135 @@
+"""Lease benchmarks: the pure core in-process, and grants through Kafka and a worker."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+import uuid
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from agents import ArbiterClient
+from arbiter.contract import Cause, LockGranted, LockReleaseRequested, LockRequested, LockTick, default_codec
+from streams.leases import new_book, step
+
+from .env import bench_arbiter
+
+
+def percentiles(samples: list[float]) -> str:
+    q = statistics.quantiles(samples, n=100)
+    return f"p50 {q[49]:.2f} ms  p99 {q[98]:.2f} ms  max {max(samples):.2f} ms  (n={len(samples)})"
+
+
+def core(seconds: float) -> None:
+    """Decisions per second of ``step`` (decide + evolve) on prepared commands."""
+    cause = Cause(topic="bench", partition=0, offset=0)
+    n = 20_000
+    names = [f"res:{i % 1000}" for i in range(n)]
+    acquires = [LockRequested(request_id=f"a{i}", agent_id=f"agent{i % 50}", resource=names[i], mode="exclusive",
+                              ttl_ms=30_000, wait_ms=5_000, sent_at_ms=0) for i in range(n)]
+    # Commands are built before the clock starts: the figure is the core's, not pydantic's.
+    # Each resource sees acquire, release, acquire, ...: its k-th grant has token k.
+    releases = [LockReleaseRequested(request_id=f"r{i}", agent_id=acquires[i].agent_id, resource=names[i],
+                                     token=i // 1000 + 1, sent_at_ms=0) for i in range(n)]
+    hot = [a.model_copy(update={"resource": "hot"}) for a in acquires]
+    tick = LockTick(tick_id="t", partition=0, sent_at_ms=0)
+
+    def run_uncontended() -> int:
+        books = {name: new_book(name) for name in set(names)}
+        done = 0
+        for i, cmd in enumerate(acquires):
+            book = books[cmd.resource]
+            step(book, cmd, i, cause)
+            step(book, releases[i], i, cause)
+            done += 2
+        assert all(book.last_token == n // 1000 and book.is_idle() for book in books.values())
+        return done
+
+    def run_contended() -> int:
+        book = new_book("hot")
+        done = 0
+        for i in range(0, n, 10):  # ten agents queue, then the queue drains by expiry
+            for j in range(10):
+                step(book, hot[i + j], i, cause)
+            for k in range(10):
+                step(book, tick, i + 30_000 * (k + 1), cause)
+            done += 20
+        return done
+
+    for label, fn in (("uncontended acquire+release", run_uncontended), ("contended queue+handoff", run_contended)):
+        count, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            count += fn()
+        print(f"pure core, {label}: {count / elapsed:>10,.0f} decisions/s")
+
+
+async def grant_latency(rate: float, count: int) -> None:
+    """Uncontended acquire: produced until the SDK sees the grant, at a steady rate."""
+    async with bench_arbiter() as settings, ArbiterClient("bench-agent", settings) as client:
+        samples = []
+        interval, next_at = 1.0 / rate, time.perf_counter()
+        for i in range(count):
+            started = time.perf_counter()
+            lease = await client.acquire(f"uncontended:{i}", ttl=30, wait=0)
+            samples.append((time.perf_counter() - started) * 1000)
+            await client.release_token(lease.resource, lease.token)
+            next_at += interval
+            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+        print(f"grant latency, uncontended at ~{rate:.0f}/s, one worker: {percentiles(samples)}")
+
+
+async def handoff_latency(count: int) -> None:
+    """Release by the holder until the queued waiter sees its grant."""
+    async with bench_arbiter() as settings, ArbiterClient("holder", settings) as holder, \
+            ArbiterClient("waiter", settings) as waiter:
+        samples = []
+        for i in range(count):
+            name = f"handoff:{i}"
+            held = await holder.acquire(name, ttl=30, wait=0)
+            queued = asyncio.Event()
+
+            def on_queued(_event: object, queued: asyncio.Event = queued) -> None:
+                queued.set()
+
+            waiting = asyncio.create_task(waiter.acquire(name, ttl=30, wait=30, on_queued=on_queued))
+            await queued.wait()
+            started = time.perf_counter()
+            await holder.release_token(name, held.token)
+            granted = await waiting
+            samples.append((time.perf_counter() - started) * 1000)
+            await waiter.release_token(name, granted.token)
+        print(f"handoff latency, release until the waiter sees its grant: {percentiles(samples)}")
+
+
+async def grant_throughput(total: int) -> None:
+    """Grants per second of one worker: a burst of acquires on distinct resources."""
+    codec = default_codec()
+    async with bench_arbiter() as settings:
+        consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, enable_auto_commit=False)
+        await consumer.start()
+        tps = [TopicPartition(settings.topics.resource_events, p) for p in range(settings.partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_end(*tps)
+        for tp in tps:
+            await consumer.position(tp)
+        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, linger_ms=5, max_batch_size=256 * 1024)
+        await producer.start()
+        run = uuid.uuid4().hex[:6]
+        payloads = [(f"burst:{run}:{i}".encode(), codec.encode(LockRequested(
+            request_id=f"{run}-{i}", agent_id=f"agent-{i % 100}", resource=f"burst:{run}:{i}", mode="exclusive",
+            ttl_ms=60_000, sent_at_ms=0))) for i in range(total)]
+        started = time.perf_counter()
+        for key, value in payloads:
+            await producer.send(settings.topics.resource_commands, key=key, value=value)
+        await producer.flush()
+        produced = time.perf_counter() - started
+        grants = 0
+        while grants < total:
+            for messages in (await consumer.getmany(timeout_ms=10_000)).values():
+                grants += sum(1 for m in messages if isinstance(codec.decode(m.value), LockGranted))
+        elapsed = time.perf_counter() - started
+        await producer.stop()
+        await consumer.stop()
+        print(f"grant throughput, one worker, {total} acquires: {total / elapsed:>8,.0f} grants/s "
+              f"(produced in {produced:.2f} s, all granted after {elapsed:.2f} s)")

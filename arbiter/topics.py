@@ -92,17 +92,32 @@ async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str], timeou
 
 async def _align_configs(admin: AIOKafkaAdminClient, names: list[str]) -> None:
     """Set TOPIC_CONFIG on existing topics where it differs (topics from older versions)."""
-    if not names:
+    stale = await _stale_configs(admin, names)
+    if not stale:
         return
-    responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names])
+    for response in await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, n, TOPIC_CONFIG)
+                                               for n in stale]):
+        for row in response.resources:
+            if row[0] != 0:
+                raise TopicError(f"setting {TOPIC_CONFIG} on {row[3]} failed: error {row[0]} {row[1] or ''}")
+    # The change travels through the controller's log: wait until the broker serves it.
+    deadline = time.monotonic() + 30
+    while stale := await _stale_configs(admin, stale):
+        if time.monotonic() > deadline:
+            raise TopicError(f"topics {', '.join(stale)} did not take the config {TOPIC_CONFIG} within 30s")
+        await asyncio.sleep(0.1)
+
+
+async def _stale_configs(admin: AIOKafkaAdminClient, names: list[str]) -> list[str]:
+    if not names:
+        return []
     stale = []
-    for response in responses:
+    for response in await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, n) for n in names]):
         for resource in response.resources:
             name, entries = resource[3], {row[0]: row[1] for row in resource[4]}
             if any(entries.get(k) != v for k, v in TOPIC_CONFIG.items()):
                 stale.append(name)
-    if stale:
-        await admin.alter_configs([ConfigResource(ConfigResourceType.TOPIC, n, TOPIC_CONFIG) for n in stale])
+    return stale
 
 
 async def _partition_counts(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:

@@ -1,6 +1,6 @@
 """``python -m bench [NAME ...]``: print Arbiter's measured figures.
 
-Names: codec, roundtrip, core, grant, handoff, throughput (default: all of them).
+Names: codec, core, roundtrip, grant, handoff, throughput, ceiling (default: all).
 The Kafka benchmarks need a broker (``./dev bench`` starts the local one) and start
 their own worker processes on topics of their own.
 """
@@ -57,7 +57,7 @@ async def bench_roundtrip(rate: float, count: int) -> None:
           f"p50 {q[49]:.2f} ms  p99 {q[98]:.2f} ms  max {max(rtts):.2f} ms")
 
 
-NAMES = ["codec", "core", "roundtrip", "grant", "handoff", "throughput"]
+NAMES = ["codec", "core", "roundtrip", "grant", "handoff", "throughput", "ceiling"]
 
 
 def main() -> None:
@@ -86,6 +86,8 @@ def main() -> None:
         asyncio.run(leases.handoff_latency(min(args.count, 300)))
     if "throughput" in names:
         asyncio.run(leases.grant_throughput(args.burst))
+    if "ceiling" in names:
+        asyncio.run(leases.faust_ceiling(args.burst))
 
 
 if __name__ == "__main__":

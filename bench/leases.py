@@ -16,6 +16,41 @@ from streams.leases import new_book, step
 from .env import bench_arbiter
 
 
+async def faust_ceiling(total: int) -> None:
+    """How fast one faust worker consumes when it does nothing: the bound on every processor."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    from arbiter.settings import load_settings
+
+    settings = load_settings()
+    topic = f"ceiling-{uuid.uuid4().hex[:8]}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, settings.partitions, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, linger_ms=5)
+    await producer.start()
+    try:
+        for i in range(total):
+            await producer.send(topic, key=str(i).encode(), value=b"x" * 100)
+        await producer.flush()
+    finally:
+        await producer.stop()
+    with tempfile.NamedTemporaryFile(mode="r", suffix=".rate") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bench.faust_ceiling", topic, str(total), out.name,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        await asyncio.wait_for(proc.wait(), 300)
+        rate = out.read().strip()
+    print(f"faust ceiling, one worker consuming and doing nothing: {int(rate):>8,} msgs/s")
+
+
 def percentiles(samples: list[float]) -> str:
     q = statistics.quantiles(samples, n=100)
     return f"p50 {q[49]:.2f} ms  p99 {q[98]:.2f} ms  max {max(samples):.2f} ms  (n={len(samples)})"

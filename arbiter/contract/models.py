@@ -304,6 +304,7 @@ class ToolApplied(Record):
     resource: str
     tool: str
     token: int | None = None
+    arguments_json: str = "{}"
     version: int
     content_hash: str
     result_json: str

@@ -6,6 +6,7 @@ COPY arbiter ./arbiter
 COPY streams ./streams
 COPY agents ./agents
 COPY schemas ./schemas
+COPY tools ./tools
 COPY broker ./broker
 RUN pip install --no-cache-dir .
 USER nobody

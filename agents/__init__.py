@@ -5,5 +5,16 @@ The public surface is re-exported here and pinned by ``tests/test_sdk_exports.py
 
 from .client import ArbiterClient, ArbiterTimeout, PingResult
 from .leases import ArbiterError, Lease, LeaseDenied, LeaseLost
+from .outcomes import Outcome, Snapshot
 
-__all__ = ["ArbiterClient", "ArbiterError", "ArbiterTimeout", "Lease", "LeaseDenied", "LeaseLost", "PingResult"]
+__all__ = [
+    "ArbiterClient",
+    "ArbiterError",
+    "ArbiterTimeout",
+    "Lease",
+    "LeaseDenied",
+    "LeaseLost",
+    "Outcome",
+    "PingResult",
+    "Snapshot",
+]

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -43,11 +44,20 @@ from arbiter.contract import (
     Ping,
     Pong,
     Record,
+    ResourceSnapshot,
+    SnapshotRequested,
+    ToolApplied,
+    ToolIntent,
+    ToolRejected,
     default_codec,
 )
 from arbiter.settings import Settings, load_settings
 
 from .leases import ArbiterError, Lease, LeaseDenied, OnAcquired
+from .outcomes import Outcome, Snapshot
+
+Replan = Callable[[Outcome], Awaitable[tuple[int, dict[str, Any]] | None]]
+"""replan(conflict) -> (new base version, new patch), or None to give up."""
 
 
 class ArbiterTimeout(ArbiterError, TimeoutError):
@@ -151,7 +161,13 @@ class ArbiterClient:
                 record: Record = self.codec.decode(message.value)
             except ContractError:
                 continue  # not for a client this version understands; the workers dead-letter
-            key = record.ping_id if isinstance(record, Pong) else getattr(record, "request_id", None)
+            key: str | None
+            if isinstance(record, Pong):
+                key = record.ping_id
+            elif isinstance(record, ToolApplied | ToolRejected):
+                key = record.intent_id
+            else:
+                key = getattr(record, "request_id", None)
             route = self._routes.get(key) if isinstance(key, str) else None
             if route is not None:
                 route(record)
@@ -361,3 +377,72 @@ class ArbiterClient:
             for name in sorted(set(resources)):
                 held[name] = await stack.enter_async_context(self.lease(name, **options))
             yield held
+
+    # -- the gateway -----------------------------------------------------------------
+
+    async def execute(
+        self,
+        lease: Lease | str,
+        tool: str,
+        args: dict[str, Any],
+        *,
+        base_version: int | None = None,
+        base_hash: str | None = None,
+        intent_id: str | None = None,
+        saga_id: str | None = None,
+        step: int | None = None,
+        is_compensation: bool = False,
+        timeout: float = 30.0,
+    ) -> Outcome:
+        """Ask the gateway to run ``tool`` on a resource; await the outcome.
+
+        Pass the ``Lease`` (its token fences the write) or, for optimistic resources,
+        the resource name with ``base_version``. Reusing an ``intent_id`` returns the
+        original outcome; the tool never runs twice.
+        """
+        resource = lease.resource if isinstance(lease, Lease) else lease
+        token = lease.token if isinstance(lease, Lease) else None
+        intent_id = intent_id or _new_id()
+        intent = ToolIntent(
+            intent_id=intent_id, agent_id=self.agent_id, resource=resource, token=token,
+            base_version=base_version, base_hash=base_hash, tool=tool,
+            arguments_json=json.dumps(args, sort_keys=True), saga_id=saga_id, step=step,
+            is_compensation=is_compensation, sent_at_ms=_now_ms(),
+        )
+        event = await self._call(resource, intent, intent_id, timeout, (ToolApplied, ToolRejected))
+        assert isinstance(event, ToolApplied | ToolRejected)
+        return Outcome.from_event(event)
+
+    async def commit(self, resource: str, base_version: int, patch: dict[str, Any], *,
+                     lease: Lease | None = None, intent_id: str | None = None) -> Outcome:
+        """Optimistic write: apply a JSON merge ``patch`` to a document at ``base_version``."""
+        return await self.execute(lease or resource, "commit", {"patch": patch}, base_version=base_version,
+                                  intent_id=intent_id)
+
+    async def snapshot(self, resource: str, timeout: float = 10.0) -> Snapshot:
+        """The resource's current version, content hash and live holders."""
+        request_id = _new_id()
+        event = await self._call(resource, SnapshotRequested(
+            request_id=request_id, agent_id=self.agent_id, resource=resource, sent_at_ms=_now_ms(),
+        ), request_id, timeout, (ResourceSnapshot,))
+        assert isinstance(event, ResourceSnapshot)
+        return Snapshot.from_event(event)
+
+    async def commit_rebasing(self, resource: str, base_version: int, patch: dict[str, Any], replan: Replan, *,
+                              lease: Lease | None = None, max_attempts: int = 3) -> Outcome:
+        """``commit``; on a version conflict call ``replan(outcome)`` and retry, up to ``max_attempts``.
+
+        ``replan`` reads ``outcome.diagnostic["changes_since_base"]`` (or re-reads the
+        resource when ``base_too_old``) and returns the new base and patch, or None to
+        give up. Every attempt is a new intent.
+        """
+        outcome = await self.commit(resource, base_version, patch, lease=lease)
+        attempts = 1
+        while outcome.conflict and attempts < max_attempts:
+            plan = await replan(outcome)
+            if plan is None:
+                break
+            base_version, patch = plan
+            outcome = await self.commit(resource, base_version, patch, lease=lease)
+            attempts += 1
+        return outcome

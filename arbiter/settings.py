@@ -110,6 +110,18 @@ class Settings(BaseSettings):
     """What to do with a request from an agent that already holds a resource later in
     the global (sorted) order: grant it with a warning, deny it, or not check."""
 
+    ledger_dsn: str = ""
+    """The ledger database: a ``postgresql://`` DSN, or empty for SQLite at
+    ``<home>/ledger.sqlite3``."""
+
+    policies: str = "account:=both,doc:=optimistic,ticket:=pessimistic,repo:=pessimistic,tenant:=pessimistic"
+    """Write policy per resource-name prefix, ``prefix=policy`` comma separated; the
+    longest prefix wins. ``pessimistic`` needs a fencing token, ``optimistic`` a base
+    version, ``both`` both. A resource no prefix matches cannot be written."""
+
+    max_patch_bytes: int = Field(default=1024 * 1024, ge=1)
+    """Largest tool-argument payload (a patch, say) the gateway accepts."""
+
     graph_key: str = "global"
     """Key of wait-for edges on the wait-edge topic: one graph, one partition."""
 
@@ -138,6 +150,27 @@ class Settings(BaseSettings):
             if not sep or not host or not port.isdigit():
                 raise ValueError(f"bootstrap server {server!r} is not host:port")
         return ",".join(servers)
+
+    @field_validator("policies")
+    @classmethod
+    def _policies_parse(cls, value: str) -> str:
+        cls.parse_policies(value)
+        return value
+
+    @staticmethod
+    def parse_policies(value: str) -> tuple[tuple[str, Literal["pessimistic", "optimistic", "both"]], ...]:
+        """``"account:=both,doc:=optimistic"`` as (prefix, policy) pairs."""
+        pairs: list[tuple[str, Literal["pessimistic", "optimistic", "both"]]] = []
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            prefix, sep, policy = item.rpartition("=")
+            if not sep or policy not in ("pessimistic", "optimistic", "both"):
+                raise ValueError(f"policy {item!r} is not prefix=pessimistic|optimistic|both")
+            pairs.append((prefix, policy))  # type: ignore[arg-type]
+        return tuple(pairs)
+
+    def ledger_url(self) -> str:
+        """The ledger DSN, with the SQLite default filled in."""
+        return self.ledger_dsn or str((self.home / "ledger.sqlite3").resolve())
 
     def bootstrap_list(self) -> list[str]:
         """Bootstrap servers as a list."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import socket
 import time
 from typing import Any, cast
@@ -15,12 +16,31 @@ from typing import Any, cast
 import faust
 from faust.serializers import codecs
 
-from arbiter.contract import Cause, ContractError, LockTick, Ping, Pong, Record, default_codec
+from arbiter.contract import (
+    Cause,
+    ContractError,
+    LockTick,
+    Ping,
+    Pong,
+    Record,
+    SnapshotRequested,
+    ToolIntent,
+    default_codec,
+)
 from arbiter.settings import Settings
 
 from .deadletter import dead_letter
+from .gateway import GatewayRules
 from .leases import RESOURCE_LOCK_COMMANDS, LeaseRules
-from .resource import Outputs, ResourceShell, book_from_bytes, book_to_bytes
+from .resource import (
+    Outputs,
+    ResourceShell,
+    ToolRunner,
+    book_from_bytes,
+    book_to_bytes,
+    content_from_bytes,
+    content_to_bytes,
+)
 from .transport import Transport
 
 RESOURCE_PROCESSOR = "resource"
@@ -37,7 +57,18 @@ class LeaseBookCodec(codecs.Codec):
         return book_from_bytes(s)
 
 
+class ContentStateCodec(codecs.Codec):
+    """faust codec for the content table's values (compact JSON)."""
+
+    def _dumps(self, obj: Any) -> bytes:
+        return content_to_bytes(obj)
+
+    def _loads(self, s: bytes) -> Any:
+        return content_from_bytes(s)
+
+
 codecs.register("arbiter-leasebook", LeaseBookCodec())
+codecs.register("arbiter-content", ContentStateCodec())
 
 
 class ArbiterApp(faust.App):
@@ -84,28 +115,52 @@ def faust_settings(settings: Settings) -> dict[str, Any]:
     }
 
 
-def lease_table(app: faust.App, partitions: int) -> Any:
-    """The changelogged lease table: bytes keys (the resource), LeaseBook values.
+def raw_key_table(app: faust.App, name: str, value_serializer: str, partitions: int) -> Any:
+    """A changelogged table with bytes keys (the resource) and our own value codec.
 
     faust derives a table's serializers from faust Record types, else JSON, and
     ``app.Table`` creates the changelog topic at once. So the table is built by hand,
     its serializers set, and only then registered (which creates the changelog topic).
     """
     table: Any = cast(Any, app.conf.Table)(
-        app, name="leases", default=None, beacon=app.tables.beacon, partitions=partitions,
-        help="Lease book per resource",
+        app, name=name, default=None, beacon=app.tables.beacon, partitions=partitions,
     )
     table.key_serializer = "raw"
-    table.value_serializer = "arbiter-leasebook"
+    table.value_serializer = value_serializer
     return app.tables.add(table)
+
+
+def default_tools(settings: Settings) -> ToolRunner:
+    """The ledger's tools against the configured database."""
+    from tools.ledger import Ledger, register_ledger_tools
+    from tools.registry import ToolRegistry
+
+    registry = ToolRegistry()
+    register_ledger_tools(registry, Ledger(settings.ledger_url()))
+    return registry
+
+
+def failpoint(settings: Settings) -> Any:
+    """``ARBITER_FAILPOINT=crash_after_tool:<intent id>``: SIGKILL this worker right after
+    that intent's tool ran, before its outcome is recorded. For crash tests only."""
+    spec = os.environ.get("ARBITER_FAILPOINT", "")
+    kind, _, target = spec.partition(":")
+    if kind != "crash_after_tool" or not target:
+        return lambda _intent: None
+
+    def crash(intent: ToolIntent) -> None:
+        if intent.intent_id == target:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return crash
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def create_app(settings: Settings) -> ArbiterApp:
-    """Build the faust app and register every processor."""
+def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterApp:
+    """Build the faust app and register every processor (``tools``: the ledger's by default)."""
     app = ArbiterApp(settings.app_id, **faust_settings(settings))
     app.arbiter_fetch_max_wait_ms = settings.fetch_max_wait_ms
     codec = default_codec(settings.max_message_bytes)
@@ -117,7 +172,8 @@ def create_app(settings: Settings) -> ArbiterApp:
 
     commands = raw_topic(topics.resource_commands)
     dead_letters = raw_topic(topics.dead_letter)
-    books = lease_table(app, settings.partitions)
+    books = raw_key_table(app, "leases", "arbiter-leasebook", settings.partitions)
+    contents = raw_key_table(app, "contents", "arbiter-content", settings.partitions)
 
     async def send(topic: str, key: bytes, record: Record) -> None:
         # Straight to faust's producer: Topic.send adds futures, callbacks and sensors
@@ -126,9 +182,12 @@ def create_app(settings: Settings) -> ArbiterApp:
         await producer.send(topic, key, codec.encode(record), None, None, None)
 
     shell = ResourceShell(
-        books=books, partitions=settings.partitions, rules=lease_rules(settings),
+        books=books, contents=contents, partitions=settings.partitions, rules=lease_rules(settings),
+        gate_rules=GatewayRules(policies=Settings.parse_policies(settings.policies),
+                                max_arguments_bytes=settings.max_patch_bytes),
+        tools=tools or default_tools(settings),
         outputs=Outputs(topics.resource_events, topics.agent_inbox, topics.wait_edges, settings.graph_key.encode()),
-        send=send,
+        send=send, after_tool=failpoint(settings),
     )
 
     async def reject(event: Any, cause: Cause, error: ContractError) -> None:
@@ -164,13 +223,17 @@ def create_app(settings: Settings) -> ArbiterApp:
         now_ms = round(msg.timestamp * 1000) if msg.timestamp else _now_ms()
         if isinstance(command, LockTick):
             await shell.tick(command, now_ms, cause, app.consumer_generation_id)
-        elif isinstance(command, RESOURCE_LOCK_COMMANDS):
+        elif isinstance(command, (*RESOURCE_LOCK_COMMANDS, ToolIntent, SnapshotRequested)):
             if event.key != command.resource.encode():
                 # Decided under another key, the resource would have two orders.
                 await reject(event, cause, ContractError(
                     "key_mismatch", f"message key {event.key!r} is not the resource {command.resource!r}"))
-                return
-            await shell.decide(event.key, command, now_ms, cause)
+            elif isinstance(command, ToolIntent):
+                await shell.execute(event.key, command, now_ms, cause)
+            elif isinstance(command, SnapshotRequested):
+                await shell.snapshot(event.key, command, now_ms, cause)
+            else:
+                await shell.decide(event.key, command, now_ms, cause)
         elif isinstance(command, Ping):
             await send(topics.agent_inbox, command.agent_id.encode(), Pong(
                 ping_id=command.ping_id, agent_id=command.agent_id, worker_id=me, decided_at_ms=now_ms,

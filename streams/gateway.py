@@ -156,7 +156,7 @@ WHAT_TO_DO = {
 }
 
 
-def _reject(content: ContentState, book: LeaseBook, intent: ToolIntent, reason: str, now_ms: int, cause: Cause,
+def reject(content: ContentState, book: LeaseBook, intent: ToolIntent, reason: str, now_ms: int, cause: Cause,
             **extra: Any) -> ToolRejected:
     holder = next(iter(book.holders.values()), None)
     diagnostic = {
@@ -205,40 +205,40 @@ def check(
     if recorded is not None:
         return recorded
     if not (intent.resource and intent.agent_id and intent.intent_id and intent.tool):
-        return _reject(content, book, intent, "invalid_intent", now_ms, cause)
+        return reject(content, book, intent, "invalid_intent", now_ms, cause)
     if len(intent.arguments_json.encode()) > rules.max_arguments_bytes:
-        return _reject(content, book, intent, "arguments_too_large", now_ms, cause,
+        return reject(content, book, intent, "arguments_too_large", now_ms, cause,
                        limit_bytes=rules.max_arguments_bytes)
     try:
         arguments = json.loads(intent.arguments_json)
     except ValueError:
         arguments = None
     if not isinstance(arguments, dict):
-        return _reject(content, book, intent, "invalid_arguments", now_ms, cause)
+        return reject(content, book, intent, "invalid_arguments", now_ms, cause)
     if known_tools is not None and intent.tool not in known_tools:
-        return _reject(content, book, intent, "unknown_tool", now_ms, cause, known_tools=sorted(known_tools))
+        return reject(content, book, intent, "unknown_tool", now_ms, cause, known_tools=sorted(known_tools))
     policy = rules.policy_for(intent.resource)
     if policy is None:
-        return _reject(content, book, intent, "no_policy", now_ms, cause)
+        return reject(content, book, intent, "no_policy", now_ms, cause)
     fenced = policy in ("pessimistic", "both")
     optimistic = policy in ("optimistic", "both")
     if fenced and intent.token is None:
-        return _reject(content, book, intent, "token_required", now_ms, cause)
+        return reject(content, book, intent, "token_required", now_ms, cause)
     if optimistic and intent.base_version is None and intent.base_hash is None:
-        return _reject(content, book, intent, "base_version_required", now_ms, cause)
+        return reject(content, book, intent, "base_version_required", now_ms, cause)
     if intent.token is not None:
         problem = _fencing_problem(book, intent, now_ms, rules)
         if problem:
-            return _reject(content, book, intent, problem, now_ms, cause)
+            return reject(content, book, intent, problem, now_ms, cause)
     base = intent.base_version
     if base is None and intent.base_hash is not None:
         base = _version_of_hash(content, intent.base_hash)
         if base is None:
-            return _reject(content, book, intent, "version_conflict", now_ms, cause, changes_since_base=[],
+            return reject(content, book, intent, "version_conflict", now_ms, cause, changes_since_base=[],
                            base_too_old=True)
     if base is not None and base != content.version:
         changes, too_old = changes_since(content, base)
-        return _reject(content, book, intent, "version_conflict", now_ms, cause, changes_since_base=changes,
+        return reject(content, book, intent, "version_conflict", now_ms, cause, changes_since_base=changes,
                        base_too_old=too_old or base > content.version)
     return Accepted(intent)
 
@@ -278,7 +278,7 @@ def complete(
                            version=content.version + 1,
                            content_hash=next_hash(content.content_hash, intent), result_json=outcome.result_json,
                            decided_at_ms=now_ms, cause=cause)
-    return _reject(content, book, intent, "tool_failed", now_ms, cause, error=outcome.error[:2000])
+    return reject(content, book, intent, "tool_failed", now_ms, cause, error=outcome.error[:2000])
 
 
 def evolve(content: ContentState, event: GatewayEvent, rules: GatewayRules | None = None) -> ContentState:

@@ -25,15 +25,41 @@ import heapq
 import json
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from arbiter.contract import Cause, LockTick, Record, WaitEdgeAdded, WaitEdgeRemoved
+from arbiter.contract import (
+    Cause,
+    Holder,
+    LockTick,
+    Record,
+    ResourceSnapshot,
+    SnapshotRequested,
+    ToolIntent,
+    WaitEdgeAdded,
+    WaitEdgeRemoved,
+)
 
+from . import gateway
+from .gateway import Accepted, ContentState, GatewayEvent, GatewayRules, ToolOutcome
 from .leases import LeaseBook, LeaseRules, LockCommand, LockEvent, new_book, step
 
 Send = Callable[[str, bytes, Record], Awaitable[None]]
 """send(topic, key, record): queue one output."""
+
+
+class ToolRunner(Protocol):
+    """What the shell needs from a worker's tool registry (``tools.registry.ToolRegistry``)."""
+
+    def names(self) -> frozenset[str]:
+        """Registered tool names."""
+
+    def parse(self, intent: ToolIntent) -> Any:
+        """Validated arguments, or a string saying why they are invalid."""
+
+    async def run(self, intent: ToolIntent, arguments: Any) -> ToolOutcome:
+        """Run the tool."""
 
 
 @dataclass
@@ -51,10 +77,15 @@ class ResourceShell:
     """Everything the resource processor does besides I/O, given a table and a sender."""
 
     books: MutableMapping[bytes, LeaseBook]
+    contents: MutableMapping[bytes, ContentState]
     partitions: int
     rules: LeaseRules
+    gate_rules: GatewayRules
+    tools: ToolRunner
     outputs: Outputs
     send: Send
+    after_tool: Callable[[ToolIntent], None] = lambda _intent: None
+    """Called between a tool's run and the record of its outcome (fault injection in tests)."""
     _deadlines: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)
     _indexed_generation: int | None = None
 
@@ -64,6 +95,9 @@ class ResourceShell:
         fresh = book is None
         if book is None:
             book = new_book(key.decode("utf-8", errors="replace"))
+        content = self.contents.get(key)
+        if content is not None:
+            book.version = content.version  # grants tell the agent the content version
         events = step(book, command, now_ms, cause, self.rules)
         await self._publish(key, events)
         if not (fresh and book.is_idle() and book.last_token == 0):
@@ -72,6 +106,48 @@ class ResourceShell:
             self.books[key] = book
             self._remember_deadline(cause.partition, key, book)
         return events
+
+    async def execute(self, key: bytes, intent: ToolIntent, now_ms: int, cause: Cause) -> GatewayEvent:
+        """Gate an intent; run its tool when accepted; record and publish the outcome."""
+        resource = key.decode("utf-8", errors="replace")
+        book = self.books.get(key) or new_book(resource)
+        content = self.contents.get(key) or ContentState(resource)
+        verdict = gateway.check(book, content, intent, now_ms, cause, self.gate_rules, self.tools.names())
+        if verdict is content.outcomes.get(intent.intent_id):
+            # Seen before: answer again, never run again, record nothing new.
+            assert not isinstance(verdict, Accepted)
+            await self.send(self.outputs.inbox_topic, intent.agent_id.encode(), verdict)
+            return verdict
+        event: GatewayEvent
+        if isinstance(verdict, Accepted):
+            arguments = self.tools.parse(intent)
+            if isinstance(arguments, str):
+                event = gateway.reject(content, book, intent, "invalid_arguments", now_ms, cause, problem=arguments)
+            else:
+                outcome = await self.tools.run(intent, arguments)
+                self.after_tool(intent)
+                event = gateway.complete(book, content, intent, outcome, now_ms, cause)
+        else:
+            event = verdict
+        gateway.evolve(content, event, self.gate_rules)
+        await self.send(self.outputs.events_topic, key, event)
+        await self.send(self.outputs.inbox_topic, intent.agent_id.encode(), event)
+        self.contents[key] = content
+        return event
+
+    async def snapshot(self, key: bytes, request: SnapshotRequested, now_ms: int, cause: Cause) -> None:
+        """Answer a snapshot request in the resource's order."""
+        resource = key.decode("utf-8", errors="replace")
+        book = self.books.get(key) or new_book(resource)
+        content = self.contents.get(key) or ContentState(resource)
+        live = [h for h in book.holders.values() if h.expires_at_ms > now_ms]
+        await self.send(self.outputs.inbox_topic, request.agent_id.encode(), ResourceSnapshot(
+            request_id=request.request_id, agent_id=request.agent_id, resource=resource, version=content.version,
+            content_hash=content.content_hash, high_water_token=book.last_token,
+            holders=[Holder(agent_id=h.agent_id, request_id=h.request_id, token=h.token, mode=h.mode,
+                            expires_at_ms=h.expires_at_ms) for h in live],
+            decided_at_ms=now_ms, cause=cause,
+        ))
 
     async def tick(self, tick: LockTick, now_ms: int, cause: Cause, generation: int | None) -> int:
         """Advance time on one partition: decide the tick for every book that is due."""
@@ -118,6 +194,16 @@ class ResourceShell:
                 await self.send(out.edges_topic, out.graph_key, event)
             else:
                 await self.send(out.inbox_topic, event.agent_id.encode(), event)
+
+
+def content_to_bytes(content: ContentState) -> bytes:
+    """The content table's changelog value."""
+    return json.dumps(content.to_dict(), separators=(",", ":")).encode()
+
+
+def content_from_bytes(data: bytes) -> ContentState:
+    """Inverse of ``content_to_bytes``."""
+    return ContentState.from_dict(json.loads(data))
 
 
 def book_to_bytes(book: LeaseBook) -> bytes:

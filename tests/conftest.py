@@ -8,6 +8,7 @@ so tests never see each other's messages.
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +49,30 @@ def isolated_settings(bootstrap: str, tmp_home: Path, **overrides: object) -> Se
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]
+
+
+def postgres_dsn() -> str:
+    """The PostgreSQL the ledger tests use. Missing is a failure, never a skip."""
+    dsn = os.environ.get("ARBITER_TEST_POSTGRES_DSN", "")
+    if not dsn:
+        pytest.fail("ARBITER_TEST_POSTGRES_DSN is not set. Ledger tests run against a real PostgreSQL: "
+                    "run them with ./dev test (which starts Debian's postgresql) or set the DSN.", pytrace=False)
+    return dsn
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def ledger_dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh ledger database of each kind: an SQLite file, and a PostgreSQL schema of its own."""
+    if request.param == "sqlite":
+        return str(tmp_path / "ledger.sqlite3")
+    dsn = postgres_dsn()
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in dsn else "?"
+    return f"{dsn}{sep}options=-csearch_path%3D{schema}"
 
 
 @pytest.fixture

@@ -64,5 +64,5 @@ def test_worker_scales() -> None:
 
 def test_image_installs_everything_the_worker_imports() -> None:
     dockerfile = (REPO / "Dockerfile").read_text()
-    for folder in ("arbiter", "streams", "agents", "schemas", "broker"):
+    for folder in ("arbiter", "streams", "agents", "schemas", "tools", "broker"):
         assert f"COPY {folder} ./{folder}" in dockerfile

@@ -327,6 +327,33 @@ class ToolRejected(Record):
     cause: Cause
 
 
+class SnapshotRequested(Record):
+    """An agent asks for a resource's current version, hash and holders."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.tool.SnapshotRequested"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    sent_at_ms: int
+
+
+class ResourceSnapshot(Record):
+    """A resource's state at one point of its decision order."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.tool.ResourceSnapshot"
+
+    request_id: str
+    agent_id: str
+    resource: str
+    version: int
+    content_hash: str
+    high_water_token: int
+    holders: list[Holder]
+    decided_at_ms: int
+    cause: Cause
+
+
 # -- wait-for graph ----------------------------------------------------------------
 
 

@@ -1,0 +1,318 @@
+"""The ledger: accounts, refunds and documents in a real SQL database.
+
+SQLite (a file) is the embedded default; a ``postgresql://`` DSN selects PostgreSQL.
+Every tool runs in one database transaction that also records its intent id in
+``applied_intents``: a redelivered intent (say, the worker died after the tool ran
+but before its offset was committed) finds its id there and returns the recorded
+result without applying anything again.
+
+Money is integer cents. ``CHECK (balance >= 0)`` backs the rule that no balance goes
+negative; ``invariants()`` checks it, money conservation and double refunds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .registry import ToolCall, ToolError, ToolRegistry
+
+T = TypeVar("T")
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS accounts (
+        id TEXT PRIMARY KEY,
+        balance BIGINT NOT NULL CHECK (balance >= 0))""",
+    """CREATE TABLE IF NOT EXISTS applied_intents (
+        intent_id TEXT PRIMARY KEY,
+        tool TEXT NOT NULL,
+        result TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS refunds (
+        intent_id TEXT PRIMARY KEY,
+        account TEXT NOT NULL,
+        order_id TEXT NOT NULL,
+        amount BIGINT NOT NULL,
+        reversed_by TEXT)""",
+    """CREATE TABLE IF NOT EXISTS documents (
+        id TEXT PRIMARY KEY,
+        revision BIGINT NOT NULL,
+        body TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS ledger_meta (
+        key TEXT PRIMARY KEY,
+        value BIGINT NOT NULL)""",
+]
+PAYOUTS = "payouts"
+"""The account refunds are paid into; it keeps money conserved."""
+
+
+class Ledger:
+    """A connection to the ledger database. Thread-safe; async methods run in a thread."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._lock = threading.Lock()
+        self.postgres = dsn.startswith(("postgresql://", "postgres://"))
+        if self.postgres:
+            import psycopg
+
+            self._conn: Any = psycopg.connect(dsn, autocommit=True)
+        else:
+            path = dsn.removeprefix("sqlite:///") if dsn.startswith("sqlite:///") else dsn
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+        with self.transaction() as cur:
+            for statement in SCHEMA:
+                cur.run(statement)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._conn.close()
+
+    def _sql(self, statement: str) -> str:
+        return statement.replace("?", "%s") if self.postgres else statement
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """One serializable unit of work; a cursor whose ``run(sql, args)`` takes ``?`` placeholders."""
+        with self._lock:
+            cur = self._conn.cursor()
+            cur.execute("BEGIN" if self.postgres else "BEGIN IMMEDIATE")
+            try:
+                yield _Cursor(cur, self._sql)
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            else:
+                cur.execute("COMMIT")
+            finally:
+                cur.close()
+
+    async def call(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(cursor)`` in one transaction, in a thread."""
+
+        def work() -> T:
+            with self.transaction() as cur:
+                return fn(cur)
+
+        return await asyncio.to_thread(work)
+
+    # -- setup and checks ----------------------------------------------------------
+
+    def seed(self, balances: dict[str, int]) -> None:
+        """Start over with these balances (plus an empty payouts account)."""
+        with self.transaction() as cur:
+            for table in ("accounts", "applied_intents", "refunds", "documents", "ledger_meta"):
+                cur.run(f"DELETE FROM {table}")
+            for account, balance in sorted({**balances, PAYOUTS: balances.get(PAYOUTS, 0)}.items()):
+                cur.run("INSERT INTO accounts (id, balance) VALUES (?, ?)", (account, balance))
+            cur.run("INSERT INTO ledger_meta (key, value) VALUES ('total', ?)", (sum(balances.values()),))
+
+    def balances(self) -> dict[str, int]:
+        """Every account's balance."""
+        with self.transaction() as cur:
+            return {row[0]: int(row[1]) for row in cur.run("SELECT id, balance FROM accounts ORDER BY id")}
+
+    def refunds(self) -> list[dict[str, Any]]:
+        """Every refund, in intent-id order."""
+        with self.transaction() as cur:
+            rows = cur.run("SELECT intent_id, account, order_id, amount, reversed_by FROM refunds ORDER BY intent_id")
+            return [dict(zip(("intent_id", "account", "order_id", "amount", "reversed_by"), r, strict=True))
+                    for r in rows]
+
+    def document(self, doc_id: str) -> tuple[int, dict[str, Any]] | None:
+        """A document's revision and body."""
+        with self.transaction() as cur:
+            rows = cur.run("SELECT revision, body FROM documents WHERE id = ?", (doc_id,))
+            return (int(rows[0][0]), json.loads(rows[0][1])) if rows else None
+
+    def invariants(self) -> dict[str, Any]:
+        """Money conserved, no negative balance, no order refunded twice."""
+        with self.transaction() as cur:
+            total = int(cur.run("SELECT COALESCE(SUM(balance), 0) FROM accounts")[0][0])
+            expected_rows = cur.run("SELECT value FROM ledger_meta WHERE key = 'total'")
+            expected = int(expected_rows[0][0]) if expected_rows else total
+            negative = [r[0] for r in cur.run("SELECT id FROM accounts WHERE balance < 0")]
+            doubles = [r[0] for r in cur.run(
+                "SELECT order_id FROM refunds WHERE reversed_by IS NULL GROUP BY order_id HAVING COUNT(*) > 1")]
+        return {"total": total, "expected_total": expected, "money_conserved": total == expected,
+                "negative_balances": negative, "double_refunds": doubles,
+                "ok": total == expected and not negative and not doubles}
+
+
+class _Cursor:
+    def __init__(self, cur: Any, sql: Callable[[str], str]) -> None:
+        self._cur = cur
+        self._sql = sql
+
+    def run(self, statement: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        self._cur.execute(self._sql(statement), args)
+        return list(self._cur.fetchall()) if self._cur.description else []
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cur.rowcount)
+
+
+def _account_of(resource: str) -> str:
+    prefix, _, account = resource.partition(":")
+    if prefix != "account" or not account:
+        raise ToolError(f"{resource!r} is not an account resource ('account:<id>')")
+    return account
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+class RefundArgs(BaseModel):
+    """Refund ``amount`` cents of ``order_id`` from the account the intent names."""
+
+    model_config = ConfigDict(extra="forbid")
+    order_id: str = Field(min_length=1, max_length=128)
+    amount: int = Field(gt=0, le=10**12)
+
+
+class ReverseRefundArgs(BaseModel):
+    """Undo the refund made by intent ``refund_intent_id``."""
+
+    model_config = ConfigDict(extra="forbid")
+    refund_intent_id: str = Field(min_length=1)
+
+
+class TransferArgs(BaseModel):
+    """Move ``amount`` cents from the intent's account to account ``to``."""
+
+    model_config = ConfigDict(extra="forbid")
+    to: str = Field(min_length=1, max_length=128)
+    amount: int = Field(gt=0, le=10**12)
+
+
+class CommitArgs(BaseModel):
+    """Apply a JSON merge patch to the document the intent names."""
+
+    model_config = ConfigDict(extra="forbid")
+    patch: dict[str, Any]
+
+
+def _once(cur: Any, call: ToolCall, tool: str, effect: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Apply ``effect`` unless this intent already did; record its result either way."""
+    done = cur.run("SELECT result FROM applied_intents WHERE intent_id = ?", (call.intent_id,))
+    if done:
+        recorded: dict[str, Any] = json.loads(done[0][0])
+        return recorded
+    result = effect()
+    cur.run("INSERT INTO applied_intents (intent_id, tool, result) VALUES (?, ?, ?)",
+            (call.intent_id, tool, json.dumps(result, sort_keys=True)))
+    return result
+
+
+def _move(cur: Any, source: str, target: str, amount: int) -> int:
+    cur.run("UPDATE accounts SET balance = balance - ? WHERE id = ? AND balance >= ?", (amount, source, amount))
+    if cur.rowcount != 1:
+        rows = cur.run("SELECT balance FROM accounts WHERE id = ?", (source,))
+        raise ToolError(f"account {source!r} has {rows[0][0]} cents, less than {amount}" if rows
+                        else f"no account {source!r}")
+    cur.run("UPDATE accounts SET balance = balance + ? WHERE id = ?", (amount, target))
+    if cur.rowcount != 1:
+        raise ToolError(f"no account {target!r}")
+    return int(cur.run("SELECT balance FROM accounts WHERE id = ?", (source,))[0][0])
+
+
+def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
+    """Register refund, reverse_refund, transfer and commit against ``ledger``."""
+
+    @registry.register("refund", RefundArgs, compensation="reverse_refund")
+    async def refund(call: ToolCall) -> dict[str, Any]:
+        """Pay a refund from the account into payouts."""
+        args = call.arguments
+        assert isinstance(args, RefundArgs)
+        account = _account_of(call.resource)
+
+        def effect(cur: Any) -> dict[str, Any]:
+            def apply() -> dict[str, Any]:
+                balance = _move(cur, account, PAYOUTS, args.amount)
+                cur.run("INSERT INTO refunds (intent_id, account, order_id, amount) VALUES (?, ?, ?, ?)",
+                        (call.intent_id, account, args.order_id, args.amount))
+                return {"account": account, "order_id": args.order_id, "amount": args.amount, "balance": balance}
+            return _once(cur, call, "refund", apply)
+
+        return await ledger.call(effect)
+
+    @registry.register("reverse_refund", ReverseRefundArgs)
+    async def reverse_refund(call: ToolCall) -> dict[str, Any]:
+        """Take a refund back from payouts (the compensation of refund)."""
+        args = call.arguments
+        assert isinstance(args, ReverseRefundArgs)
+
+        def effect(cur: Any) -> dict[str, Any]:
+            def apply() -> dict[str, Any]:
+                rows = cur.run("SELECT account, amount, reversed_by FROM refunds WHERE intent_id = ?",
+                               (args.refund_intent_id,))
+                if not rows:
+                    return {"reversed": None, "note": "no such refund; nothing to undo"}
+                account, amount, reversed_by = rows[0]
+                if reversed_by:
+                    return {"reversed": args.refund_intent_id, "note": f"already reversed by {reversed_by}"}
+                _move(cur, PAYOUTS, account, int(amount))
+                cur.run("UPDATE refunds SET reversed_by = ? WHERE intent_id = ?",
+                        (call.intent_id, args.refund_intent_id))
+                return {"reversed": args.refund_intent_id, "amount": int(amount)}
+            return _once(cur, call, "reverse_refund", apply)
+
+        return await ledger.call(effect)
+
+    @registry.register("transfer", TransferArgs, compensation="transfer")
+    async def transfer(call: ToolCall) -> dict[str, Any]:
+        """Move money between accounts (the compensation is the transfer back)."""
+        args = call.arguments
+        assert isinstance(args, TransferArgs)
+        account = _account_of(call.resource)
+
+        def effect(cur: Any) -> dict[str, Any]:
+            def apply() -> dict[str, Any]:
+                balance = _move(cur, account, args.to, args.amount)
+                return {"from": account, "to": args.to, "amount": args.amount, "balance": balance}
+            return _once(cur, call, "transfer", apply)
+
+        return await ledger.call(effect)
+
+    @registry.register("commit", CommitArgs)
+    async def commit(call: ToolCall) -> dict[str, Any]:
+        """Apply a JSON merge patch to a document."""
+        args = call.arguments
+        assert isinstance(args, CommitArgs)
+        doc_id = call.resource
+
+        def effect(cur: Any) -> dict[str, Any]:
+            def apply() -> dict[str, Any]:
+                rows = cur.run("SELECT revision, body FROM documents WHERE id = ?", (doc_id,))
+                revision, body = (int(rows[0][0]), json.loads(rows[0][1])) if rows else (0, {})
+                body = merge_patch(body, args.patch)
+                if rows:
+                    cur.run("UPDATE documents SET revision = ?, body = ? WHERE id = ?",
+                            (revision + 1, json.dumps(body, sort_keys=True), doc_id))
+                else:
+                    cur.run("INSERT INTO documents (id, revision, body) VALUES (?, ?, ?)",
+                            (doc_id, 1, json.dumps(body, sort_keys=True)))
+                return {"document": doc_id, "revision": revision + 1}
+            return _once(cur, call, "commit", apply)
+
+        return await ledger.call(effect)

@@ -117,7 +117,8 @@ class ArbiterClient:
     async def start(self) -> None:
         """Connect, and start reading this agent's inbox from now on."""
         servers = self.settings.bootstrap
-        self._producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", linger_ms=0)
+        self._producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", linger_ms=0,
+                                          max_request_size=2 * self.settings.max_message_bytes)
         await self._producer.start()
         inbox = self.settings.topics.agent_inbox
         partitions = sorted(await self._producer.partitions_for(inbox))

@@ -60,14 +60,15 @@ class WorkerPool:
     settings: Settings
     workers: list[WorkerProcess] = field(default_factory=list)
 
-    def start(self, count: int = 1, loglevel: str = "info") -> None:
-        """Start ``count`` more workers."""
+    def start(self, count: int = 1, loglevel: str = "info", extra_env: dict[str, str] | None = None) -> None:
+        """Start ``count`` more workers (``extra_env`` is added to their environment)."""
         logs = (self.settings.home / "logs").resolve()
         logs.mkdir(parents=True, exist_ok=True)
         for _ in range(count):
             name = f"worker-{len(self.workers) + 1}"
             env = settings_env(self.settings)
             env["ARBITER_WORKER_ID"] = name
+            env.update(extra_env or {})
             log = logs / f"{self.settings.app_id}-{name}.log"
             with open(log, "ab") as out:
                 proc = subprocess.Popen(

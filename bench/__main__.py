@@ -1,6 +1,7 @@
 """``python -m bench [NAME ...]``: print Arbiter's measured figures.
 
-Names: codec, core, roundtrip, grant, handoff, throughput, ceiling (default: all).
+Names: codec, core, roundtrip, grant, handoff, throughput, ceiling (leases and faust);
+check, intent, checks (the gateway). Default: all.
 The Kafka benchmarks need a broker (``./dev bench`` starts the local one) and start
 their own worker processes on topics of their own.
 """
@@ -16,7 +17,7 @@ from collections.abc import Callable
 
 from arbiter.contract import Cause, Holder, LockGranted, default_codec
 
-from . import leases
+from . import gateway, leases
 from .env import bench_arbiter
 
 
@@ -57,7 +58,7 @@ async def bench_roundtrip(rate: float, count: int) -> None:
           f"p50 {q[49]:.2f} ms  p99 {q[98]:.2f} ms  max {max(rtts):.2f} ms")
 
 
-NAMES = ["codec", "core", "roundtrip", "grant", "handoff", "throughput", "ceiling"]
+NAMES = ["codec", "core", "roundtrip", "grant", "handoff", "throughput", "ceiling", "check", "intent", "checks"]
 
 
 def main() -> None:
@@ -88,6 +89,12 @@ def main() -> None:
         asyncio.run(leases.grant_throughput(args.burst))
     if "ceiling" in names:
         asyncio.run(leases.faust_ceiling(args.burst))
+    if "check" in names:
+        gateway.pure_check(args.seconds)
+    if "intent" in names:
+        asyncio.run(gateway.round_trip(args.rate, min(args.count, 500)))
+    if "checks" in names:
+        asyncio.run(gateway.check_throughput(args.burst))
 
 
 if __name__ == "__main__":

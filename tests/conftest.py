@@ -65,6 +65,11 @@ def ledger_dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A fresh ledger database of each kind: an SQLite file, and a PostgreSQL schema of its own."""
     if request.param == "sqlite":
         return str(tmp_path / "ledger.sqlite3")
+    return fresh_postgres_schema()
+
+
+def fresh_postgres_schema() -> str:
+    """A DSN whose search path is a new, empty schema of the test PostgreSQL."""
     dsn = postgres_dsn()
     import psycopg
 

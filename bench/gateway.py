@@ -1,0 +1,87 @@
+"""Gateway benchmarks: the pure check in-process, and intents through Kafka and a worker."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from agents import ArbiterClient
+from arbiter.contract import Cause, LockRequested, ToolIntent, ToolRejected, default_codec
+from streams.gateway import Accepted, ContentState, GatewayRules, check
+from streams.leases import new_book, step
+
+from .env import bench_arbiter
+from .leases import percentiles
+
+
+def pure_check(seconds: float) -> None:
+    """``gateway.check`` on a fenced, versioned write by the live holder (accepted)."""
+    cause = Cause(topic="bench", partition=0, offset=0)
+    book = new_book("account:1")
+    step(book, LockRequested(request_id="r", agent_id="a", resource="account:1", mode="exclusive",
+                             ttl_ms=3_600_000, sent_at_ms=0), 0, cause)
+    content = ContentState("account:1")
+    rules = GatewayRules(policies=(("account:", "both"),))
+    intent = ToolIntent(intent_id="i", agent_id="a", resource="account:1", token=1, base_version=0, tool="refund",
+                        arguments_json='{"order_id": "o-1", "amount": 100}', sent_at_ms=0)
+    tools = frozenset({"refund"})
+    assert isinstance(check(book, content, intent, 1, cause, rules, tools), Accepted)
+    count, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        for _ in range(10_000):
+            check(book, content, intent, 1, cause, rules, tools)
+        count += 10_000
+    print(f"pure gateway check (accepted write): {count / elapsed:>10,.0f} checks/s")
+
+
+async def round_trip(rate: float, count: int) -> None:
+    """An optimistic commit (document merge patch, SQLite ledger): sent until the outcome arrives."""
+    import asyncio
+
+    async with bench_arbiter() as settings, ArbiterClient("bench-agent", settings) as client:
+        samples = []
+        version = 0
+        interval, next_at = 1.0 / rate, time.perf_counter()
+        for i in range(count):
+            started = time.perf_counter()
+            outcome = await client.commit("doc:bench", version, {"n": i})
+            samples.append((time.perf_counter() - started) * 1000)
+            assert outcome.applied, outcome.diagnostic
+            version = outcome.version or version + 1
+            next_at += interval
+            await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
+        print(f"intent round trip (commit, SQLite ledger) at ~{rate:.0f}/s: {percentiles(samples)}")
+
+
+async def check_throughput(total: int) -> None:
+    """Gateway checks per second of one worker: a burst of intents the gate refuses (no tool runs)."""
+    codec = default_codec()
+    async with bench_arbiter() as settings:
+        consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, enable_auto_commit=False)
+        await consumer.start()
+        tps = [TopicPartition(settings.topics.resource_events, p) for p in range(settings.partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_end(*tps)
+        for tp in tps:
+            await consumer.position(tp)
+        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, linger_ms=5, max_batch_size=256 * 1024)
+        await producer.start()
+        run = uuid.uuid4().hex[:6]
+        payloads = [(f"account:{run}-{i % 1000}".encode(), codec.encode(ToolIntent(
+            intent_id=f"{run}-{i}", agent_id="zombie", resource=f"account:{run}-{i % 1000}", token=1,
+            base_version=0, tool="refund", arguments_json='{"order_id": "o", "amount": 1}', sent_at_ms=0)))
+            for i in range(total)]
+        started = time.perf_counter()
+        for key, value in payloads:
+            await producer.send(settings.topics.resource_commands, key=key, value=value)
+        await producer.flush()
+        decided = 0
+        while decided < total:
+            for messages in (await consumer.getmany(timeout_ms=10_000)).values():
+                decided += sum(1 for m in messages if isinstance(codec.decode(m.value), ToolRejected))
+        elapsed = time.perf_counter() - started
+        await producer.stop()
+        await consumer.stop()
+        print(f"gateway checks, one worker, burst of {total} intents: {total / elapsed:>8,.0f} checks/s")

@@ -117,6 +117,45 @@ async def _zombie_story(settings: Settings) -> None:
         await beta.release(fresh)
 
 
+async def _double_refund_story(settings: Settings) -> dict[str, object]:
+    """Two triage agents race to refund the same order: exactly one refund is applied."""
+    from agents import ArbiterClient, Outcome
+    from tools.ledger import Ledger
+
+    account = f"cust_{int(time.time() * 1000)}"
+    resource, order = f"account:{account}", "order-8492"
+    ledger = Ledger(settings.ledger_url())
+    try:
+        ledger.add_accounts({account: 10_000})
+
+        async def triage(agent: str) -> Outcome:
+            async with ArbiterClient(agent, settings) as client:
+                seen = await client.snapshot(resource)
+                await asyncio.sleep(0.3)  # "thinking" with what it saw
+                async with client.lease(resource, ttl=30, wait=30) as lease:
+                    return await client.execute(lease, "refund", {"order_id": order, "amount": 2_500},
+                                                base_version=seen.version)
+
+        outcomes = await asyncio.gather(triage("triage-1"), triage("triage-2"))
+        for agent, outcome in zip(("triage-1", "triage-2"), outcomes, strict=True):
+            if outcome.applied:
+                click.echo(f"  {agent}: refund applied (version {outcome.version}, "
+                           f"balance now {outcome.result['balance']} cents)")
+            else:
+                changes = outcome.diagnostic.get("changes_since_base", [])
+                click.echo(f"  {agent}: refused, {outcome.reason}; the diagnostic lists {len(changes)} change(s) "
+                           f"since its read: {', '.join(c['tool'] for c in changes)}")
+        refunds = [r for r in ledger.refunds() if r["order_id"] == order and r["account"] == account]
+        report = ledger.invariants()
+        click.echo(f"  refunds for {order}: {len(refunds)}; ledger invariants: "
+                   f"{'hold' if report['ok'] else 'VIOLATED ' + str(report)}")
+        if len(refunds) != 1 or not report["ok"]:
+            raise RuntimeError("the double-refund story broke an invariant")
+        return report
+    finally:
+        ledger.close()
+
+
 @click.command()
 @click.option("--workers", default=2, show_default=True, help="How many stream-processor workers to start.")
 @click.option("--rounds", default=200, show_default=True, help="How many round trips to measure.")
@@ -154,7 +193,7 @@ def demo(ctx: click.Context, workers: int, rounds: int) -> None:
         click.echo(f"started {workers} worker(s); waiting for them to own all {settings.partitions} partitions")
         try:
             rtts = asyncio.run(_round_trips(settings, rounds, 120.0, pool))
-            q = statistics.quantiles(rtts, n=100) if len(rtts) > 1 else rtts * 99
+            q = statistics.quantiles(rtts, n=100, method="inclusive") if len(rtts) > 1 else rtts * 99
             click.echo(f"round trips through the workers: {len(rtts)}; "
                        f"p50 {q[49]:.1f} ms, p99 {q[98]:.1f} ms, max {max(rtts):.1f} ms")
             letter = asyncio.run(_dead_letter_check(settings))
@@ -163,5 +202,7 @@ def demo(ctx: click.Context, workers: int, rounds: int) -> None:
                        "the partition kept flowing")
             click.echo("zombie story (leases and fencing tokens):")
             asyncio.run(_zombie_story(settings))
+            click.echo("double-refund story (execution gateway, SQL ledger):")
+            asyncio.run(_double_refund_story(settings))
         except Exception as exc:  # report, then the exit stack cleans up what was started
             _fail(f"demo failed: {exc}")

@@ -53,7 +53,7 @@ async def bench_roundtrip(rate: float, count: int) -> None:
             rtts.append((await client.ping(keys[i % len(keys)], timeout=10)).rtt_ms)
             next_at += interval
             await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
-    q = statistics.quantiles(rtts, n=100)
+    q = statistics.quantiles(rtts, n=100, method="inclusive")
     print(f"round trip Ping->worker->Pong, {count} at ~{rate:.0f}/s, one worker: "
           f"p50 {q[49]:.2f} ms  p99 {q[98]:.2f} ms  max {max(rtts):.2f} ms")
 

@@ -52,7 +52,7 @@ async def faust_ceiling(total: int) -> None:
 
 
 def percentiles(samples: list[float]) -> str:
-    q = statistics.quantiles(samples, n=100)
+    q = statistics.quantiles(samples, n=100, method="inclusive")
     return f"p50 {q[49]:.2f} ms  p99 {q[98]:.2f} ms  max {max(samples):.2f} ms  (n={len(samples)})"
 
 

@@ -113,4 +113,6 @@ def test_the_main_job_runs_end_to_end(bootstrap: str, tmp_path: Path) -> None:
     assert "round trips through the workers: 20" in proc.stdout
     assert "malformed message dead-lettered: reason=unknown_fingerprint" in proc.stdout
     assert "refused, stale_fencing_token" in proc.stdout
+    assert "refused, version_conflict" in proc.stdout
+    assert "refunds for order-8492: 1; ledger invariants: hold" in proc.stdout
     assert "workers stopped" in proc.stdout

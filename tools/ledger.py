@@ -116,6 +116,18 @@ class Ledger:
                 cur.run("INSERT INTO accounts (id, balance) VALUES (?, ?)", (account, balance))
             cur.run("INSERT INTO ledger_meta (key, value) VALUES ('total', ?)", (sum(balances.values()),))
 
+    def add_accounts(self, balances: dict[str, int]) -> None:
+        """Open new accounts with these balances, leaving every other account alone."""
+        with self.transaction() as cur:
+            cur.run("INSERT INTO accounts (id, balance) VALUES (?, 0) ON CONFLICT (id) DO NOTHING", (PAYOUTS,))
+            for account, balance in sorted(balances.items()):
+                cur.run("INSERT INTO accounts (id, balance) VALUES (?, ?)", (account, balance))
+            if not cur.run("SELECT value FROM ledger_meta WHERE key = 'total'"):
+                existing = int(cur.run("SELECT COALESCE(SUM(balance), 0) FROM accounts")[0][0])
+                cur.run("INSERT INTO ledger_meta (key, value) VALUES ('total', ?)", (existing,))
+            else:
+                cur.run("UPDATE ledger_meta SET value = value + ? WHERE key = 'total'", (sum(balances.values()),))
+
     def balances(self) -> dict[str, int]:
         """Every account's balance."""
         with self.transaction() as cur:

@@ -11,7 +11,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents import ArbiterClient, ArbiterTimeout
-from arbiter.contract import DeadLetter, LockRequested, Ping, ToolIntent, default_codec
+from arbiter.contract import Cause, DeadLetter, LockRequested, Ping, SagaFinished, default_codec
 from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
 from arbiter.settings import Settings
@@ -68,8 +68,9 @@ async def test_malformed_messages_are_dead_lettered_and_the_partition_keeps_flow
     await ensure_topics(settings)
     codec = default_codec()
     good = codec.encode(Ping(ping_id="x", agent_id="nobody", sent_at_ms=0))
-    unsupported = codec.encode(ToolIntent(intent_id="i", agent_id="a", resource="doc:1", tool="t",
-                                          arguments_json="{}", sent_at_ms=0))
+    # A well-formed message that belongs on another topic: no resource processor handles it.
+    unsupported = codec.encode(SagaFinished(saga_id="s", outcome="COMPLETED", at_ms=0,
+                                            cause=Cause(topic="x", partition=0, offset=0)))
     misrouted = codec.encode(LockRequested(request_id="r", agent_id="a", resource="doc:2", mode="exclusive",
                                            ttl_ms=1000, sent_at_ms=0))
     oversized = good[:10] + b"\x00" * (limit + 1)

@@ -76,8 +76,8 @@ async def test_the_zombie_story(kafka_settings: Settings, worker: WorkerPool) ->
 
 async def test_context_manager_renews_in_the_background(kafka_settings: Settings, worker: WorkerPool) -> None:
     async with ArbiterClient("slow", kafka_settings) as slow, ArbiterClient("rival", kafka_settings) as rival:
-        async with slow.lease("repo:services/auth", ttl=1.0) as lease:
-            await asyncio.sleep(2.5)  # "thinking" for 2.5 TTLs: the renewals keep the lease alive
+        async with slow.lease("repo:services/auth", ttl=1.5) as lease:
+            await asyncio.sleep(3.0)  # "thinking" for two TTLs: the renewals keep the lease alive
             assert not lease.lost
             with pytest.raises(LeaseDenied) as busy:
                 await rival.acquire("repo:services/auth", wait=0)

@@ -94,3 +94,24 @@ def test_merge_patch_follows_rfc_7386() -> None:
     assert merge_patch({"a": {"b": "c"}}, {"a": {"b": "d", "c": None}}) == {"a": {"b": "d"}}
     assert merge_patch({"a": [1]}, {"a": [2]}) == {"a": [2]}
     assert merge_patch([1, 2], {"a": 1}) == {"a": 1}
+
+
+def test_many_workers_can_open_one_sqlite_ledger_at_once(tmp_path: object) -> None:
+    import threading
+    from pathlib import Path
+
+    path = str(Path(str(tmp_path)) / "shared.sqlite3")
+    errors: list[BaseException] = []
+
+    def open_ledger() -> None:
+        try:
+            Ledger(path).close()
+        except BaseException as exc:  # collected and asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_ledger) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []

@@ -16,6 +16,7 @@ import asyncio
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -68,10 +69,24 @@ class Ledger:
             path = dsn.removeprefix("sqlite:///") if dsn.startswith("sqlite:///") else dsn
             Path(path).parent.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-        with self.transaction() as cur:
-            for statement in SCHEMA:
-                cur.run(statement)
+        self._create_schema()
+
+    def _create_schema(self) -> None:
+        # Several workers open one SQLite file at once; switching it to WAL needs a
+        # moment alone with it, which SQLite refuses (rather than waits for) when busy.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if not self.postgres:
+                    self._conn.execute("PRAGMA journal_mode=WAL")
+                with self.transaction() as cur:
+                    for statement in SCHEMA:
+                        cur.run(statement)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def close(self) -> None:
         """Close the connection."""

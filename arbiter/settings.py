@@ -125,6 +125,9 @@ class Settings(BaseSettings):
     graph_key: str = "global"
     """Key of wait-for edges on the wait-edge topic: one graph, one partition."""
 
+    recovery_stall_seconds: float = Field(default=20.0, gt=0)
+    """A worker whose table recovery makes no progress this long restarts itself."""
+
     worker_id: str = ""
     """Name of this worker in Pong and diagnostics; defaults to host:pid."""
 

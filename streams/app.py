@@ -7,9 +7,11 @@ to a pure decision core, send the events it returns. Nothing else lives here.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import signal
 import socket
+import sys
 import time
 from typing import Any, cast
 
@@ -246,6 +248,29 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         else:
             await reject(event, cause, ContractError(
                 "unsupported_command", f"{type(command).__name__} has no handler in this worker"))
+
+    stall = {"remaining": -1, "since": time.monotonic()}
+
+    @app.timer(interval=2.0, on_leader=False)  # type: ignore[untyped-decorator]
+    async def recovery_watchdog() -> None:
+        # faust's table recovery can wait forever for changelog messages that never come
+        # (seen in our SIGKILL failover test; a known class of faust recovery hangs).
+        # A worker whose recovery makes no progress for ARBITER_RECOVERY_STALL_SECONDS
+        # starts itself afresh: same arguments, new process, recovery from scratch.
+        recovery = cast(Any, app.tables).recovery
+        now = time.monotonic()
+        if not recovery.in_recovery:
+            stall.update(remaining=-1, since=now)
+            return
+        remaining = recovery.active_remaining_total()
+        if remaining != stall["remaining"]:
+            stall.update(remaining=remaining, since=now)
+            return
+        if now - stall["since"] >= settings.recovery_stall_seconds:
+            app.log.error("table recovery made no progress for %.0f s (%d changelog messages left); "
+                          "restarting this worker", now - stall["since"], remaining)
+            logging.shutdown()
+            os.execv(sys.executable, [sys.executable, "-m", "arbiter", *sys.argv[1:]])
 
     tick_ids = itertools.count()
 

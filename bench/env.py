@@ -9,7 +9,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
 from agents import ArbiterClient
+from arbiter.contract import Record, default_codec
 from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
 from arbiter.settings import Settings, Topics, load_settings
@@ -37,3 +40,32 @@ async def bench_arbiter(workers: int = 1, **overrides: Any) -> AsyncIterator[Set
             pool.check_alive()
         finally:
             pool.stop()
+
+
+async def burst(settings: Settings, payloads: list[tuple[bytes, bytes]], decided: type[Record]) -> tuple[float, float]:
+    """Produce ``payloads`` to the command topic as fast as possible; wait until as many
+    ``decided`` events are on the event topic. Returns (seconds to produce, seconds in all)."""
+    codec = default_codec()
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, enable_auto_commit=False)
+    await consumer.start()
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, linger_ms=5, max_batch_size=256 * 1024)
+    await producer.start()
+    try:
+        tps = [TopicPartition(settings.topics.resource_events, p) for p in range(settings.partitions)]
+        consumer.assign(tps)
+        await consumer.seek_to_end(*tps)
+        for tp in tps:
+            await consumer.position(tp)
+        started = time.perf_counter()
+        for key, value in payloads:
+            await producer.send(settings.topics.resource_commands, key=key, value=value)
+        await producer.flush()
+        produced = time.perf_counter() - started
+        seen = 0
+        while seen < len(payloads):
+            for messages in (await consumer.getmany(timeout_ms=10_000)).values():
+                seen += sum(1 for m in messages if isinstance(codec.decode(m.value), decided))
+        return produced, time.perf_counter() - started
+    finally:
+        await producer.stop()
+        await consumer.stop()

@@ -5,14 +5,12 @@ from __future__ import annotations
 import time
 import uuid
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-
 from agents import ArbiterClient
 from arbiter.contract import Cause, LockRequested, ToolIntent, ToolRejected, default_codec
 from streams.gateway import Accepted, ContentState, GatewayRules, check
 from streams.leases import new_book, step
 
-from .env import bench_arbiter
+from .env import bench_arbiter, burst
 from .leases import percentiles
 
 
@@ -59,29 +57,10 @@ async def check_throughput(total: int) -> None:
     """Gateway checks per second of one worker: a burst of intents the gate refuses (no tool runs)."""
     codec = default_codec()
     async with bench_arbiter() as settings:
-        consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, enable_auto_commit=False)
-        await consumer.start()
-        tps = [TopicPartition(settings.topics.resource_events, p) for p in range(settings.partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_end(*tps)
-        for tp in tps:
-            await consumer.position(tp)
-        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, linger_ms=5, max_batch_size=256 * 1024)
-        await producer.start()
         run = uuid.uuid4().hex[:6]
         payloads = [(f"account:{run}-{i % 1000}".encode(), codec.encode(ToolIntent(
             intent_id=f"{run}-{i}", agent_id="zombie", resource=f"account:{run}-{i % 1000}", token=1,
             base_version=0, tool="refund", arguments_json='{"order_id": "o", "amount": 1}', sent_at_ms=0)))
             for i in range(total)]
-        started = time.perf_counter()
-        for key, value in payloads:
-            await producer.send(settings.topics.resource_commands, key=key, value=value)
-        await producer.flush()
-        decided = 0
-        while decided < total:
-            for messages in (await consumer.getmany(timeout_ms=10_000)).values():
-                decided += sum(1 for m in messages if isinstance(codec.decode(m.value), ToolRejected))
-        elapsed = time.perf_counter() - started
-        await producer.stop()
-        await consumer.stop()
+        _produced, elapsed = await burst(settings, payloads, ToolRejected)
         print(f"gateway checks, one worker, burst of {total} intents: {total / elapsed:>8,.0f} checks/s")

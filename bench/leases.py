@@ -7,13 +7,13 @@ import statistics
 import time
 import uuid
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
 from agents import ArbiterClient
 from arbiter.contract import Cause, LockGranted, LockReleaseRequested, LockRequested, LockTick, default_codec
 from streams.leases import new_book, step
 
-from .env import bench_arbiter
+from .env import bench_arbiter, burst
 
 
 async def faust_ceiling(total: int) -> None:
@@ -141,30 +141,10 @@ async def grant_throughput(total: int) -> None:
     """Grants per second of one worker: a burst of acquires on distinct resources."""
     codec = default_codec()
     async with bench_arbiter() as settings:
-        consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, enable_auto_commit=False)
-        await consumer.start()
-        tps = [TopicPartition(settings.topics.resource_events, p) for p in range(settings.partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_end(*tps)
-        for tp in tps:
-            await consumer.position(tp)
-        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, linger_ms=5, max_batch_size=256 * 1024)
-        await producer.start()
         run = uuid.uuid4().hex[:6]
         payloads = [(f"burst:{run}:{i}".encode(), codec.encode(LockRequested(
             request_id=f"{run}-{i}", agent_id=f"agent-{i % 100}", resource=f"burst:{run}:{i}", mode="exclusive",
             ttl_ms=60_000, sent_at_ms=0))) for i in range(total)]
-        started = time.perf_counter()
-        for key, value in payloads:
-            await producer.send(settings.topics.resource_commands, key=key, value=value)
-        await producer.flush()
-        produced = time.perf_counter() - started
-        grants = 0
-        while grants < total:
-            for messages in (await consumer.getmany(timeout_ms=10_000)).values():
-                grants += sum(1 for m in messages if isinstance(codec.decode(m.value), LockGranted))
-        elapsed = time.perf_counter() - started
-        await producer.stop()
-        await consumer.stop()
+        produced, elapsed = await burst(settings, payloads, LockGranted)
         print(f"grant throughput, one worker, {total} acquires: {total / elapsed:>8,.0f} grants/s "
               f"(produced in {produced:.2f} s, all granted after {elapsed:.2f} s)")

@@ -28,6 +28,7 @@ from aiokafka.partitioner import DefaultPartitioner
 from arbiter.contract import (
     Codec,
     ContractError,
+    DeadlockDetected,
     LockCancelled,
     LockCancelRequested,
     LockDenied,
@@ -49,6 +50,8 @@ from arbiter.contract import (
     ToolApplied,
     ToolIntent,
     ToolRejected,
+    WaitEdgeAdded,
+    WaitEdgeRemoved,
     default_codec,
 )
 from arbiter.settings import Settings, load_settings
@@ -102,6 +105,11 @@ class ArbiterClient:
         self._reader: asyncio.Task[None] | None = None
         self._routes: dict[str, Route] = {}
         self._held: dict[str, Lease] = {}
+        self.registered_at_ms = _now_ms()
+        """When this agent connected: the younger agent loses a deadlock between equals."""
+        self.deadlocks: list[DeadlockDetected] = []
+        """Every deadlock this agent was chosen to break, newest last."""
+        self._deadlock_seen = asyncio.Event()
 
     async def __aenter__(self) -> ArbiterClient:
         await self.start()
@@ -162,6 +170,10 @@ class ArbiterClient:
                 record: Record = self.codec.decode(message.value)
             except ContractError:
                 continue  # not for a client this version understands; the workers dead-letter
+            if isinstance(record, DeadlockDetected):
+                self.deadlocks.append(record)
+                self._deadlock_seen.set()
+                continue
             key: str | None
             if isinstance(record, Pong):
                 key = record.ping_id
@@ -267,7 +279,10 @@ class ArbiterClient:
             raise
         if isinstance(outcome, LockDenied | LockWaitTimedOut | LockCancelled):
             self._routes.pop(request_id, None)
-            raise LeaseDenied.from_event(outcome)
+            denied = LeaseDenied.from_event(outcome)
+            if denied.reason == "deadlock_victim":
+                denied = await self._with_deadlock(denied)
+            raise denied
         assert isinstance(outcome, LockGranted)
         lease = Lease(resource=resource, agent_id=self.agent_id, request_id=request_id, token=outcome.token,
                       mode=outcome.mode, ttl_ms=ttl_ms, expires_at_ms=outcome.expires_at_ms,
@@ -276,6 +291,53 @@ class ArbiterClient:
         lease.extended(sent_at, outcome.expires_at_ms, ttl_ms)
         self._held[resource] = lease
         return lease
+
+    async def _with_deadlock(self, denied: LeaseDenied) -> LeaseDenied:
+        """Add the detector's message and cycle to a deadlock victim's refusal."""
+        if not self.deadlocks:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._deadlock_seen.wait(), 2.0)
+        if not self.deadlocks:
+            return denied
+        notice = self.deadlocks[-1]
+        return LeaseDenied(denied.reason, {**denied.diagnostic, "message": notice.message,
+                                           "cycle": json.loads(notice.cycle_json),
+                                           "what_to_do": "Abort this subtask: compensate what it did, release "
+                                                         "what it holds, and retry it later."})
+
+    @contextlib.asynccontextmanager
+    async def waiting_on(self, other: str, *, priority: int = 0, task: str = "") -> AsyncIterator[None]:
+        """``async with client.waiting_on("testing-agent")``: say "I wait on that agent" while inside.
+
+        The deadlock detector sees the edge; if it closes a cycle and this agent is the
+        victim, ``wait_for_deadlock`` returns the notice and the agent should abort.
+        """
+        edge_id = f"delegation|{self.agent_id}|{other}|{_new_id()}"
+        key = self.settings.graph_key
+        await self._send_edge(key, WaitEdgeAdded(
+            edge_id=edge_id, waiter=self.agent_id, holder=other, source="delegation", resource=None,
+            waiter_priority=priority, waiter_registered_at_ms=self.registered_at_ms, added_at_ms=_now_ms()))
+        try:
+            yield
+        finally:
+            await asyncio.shield(self._send_edge(key, WaitEdgeRemoved(
+                edge_id=edge_id, waiter=self.agent_id, holder=other, source="delegation", resource=None,
+                removed_at_ms=_now_ms())))
+
+    def delegate(self, to: str, task: str = "", priority: int = 0) -> contextlib.AbstractAsyncContextManager[None]:
+        """``async with client.delegate(to="testing", task=...)``: wait on the agent you handed work to."""
+        return self.waiting_on(to, priority=priority, task=task)
+
+    async def _send_edge(self, key: str, record: Record) -> None:
+        if self._producer is None:
+            raise RuntimeError("ArbiterClient is not started; use 'async with ArbiterClient(...)'")
+        await self._producer.send_and_wait(self.settings.topics.wait_edges, key=key.encode(),
+                                           value=self.codec.encode(record))
+
+    async def wait_for_deadlock(self, timeout: float | None = None) -> DeadlockDetected:
+        """Suspend until this agent is chosen as a deadlock victim; returns the notice."""
+        await asyncio.wait_for(self._deadlock_seen.wait(), timeout)
+        return self.deadlocks[-1]
 
     def _orphan_route(self, resource: str) -> Route:
         def route(record: Record) -> None:

@@ -7,6 +7,7 @@ to a pure decision core, send the events it returns. Nothing else lives here.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import signal
@@ -21,12 +22,15 @@ from faust.serializers import codecs
 from arbiter.contract import (
     Cause,
     ContractError,
+    DeadlockDetected,
     LockTick,
     Ping,
     Pong,
     Record,
     SnapshotRequested,
     ToolIntent,
+    WaitEdgeAdded,
+    WaitEdgeRemoved,
     default_codec,
 )
 from arbiter.settings import Settings
@@ -44,8 +48,11 @@ from .resource import (
     content_to_bytes,
 )
 from .transport import Transport
+from .waitgraph import WaitGraph, detect, revocations
+from .waitgraph import evolve as evolve_graph
 
 RESOURCE_PROCESSOR = "resource"
+DEADLOCK_PROCESSOR = "deadlock"
 TICK_KEY = b"__tick__"
 
 
@@ -57,6 +64,16 @@ class LeaseBookCodec(codecs.Codec):
 
     def _loads(self, s: bytes) -> Any:
         return book_from_bytes(s)
+
+
+class WaitGraphCodec(codecs.Codec):
+    """faust codec for the wait-for graph table's values (compact JSON)."""
+
+    def _dumps(self, obj: Any) -> bytes:
+        return json.dumps(obj.to_dict(), separators=(",", ":")).encode()
+
+    def _loads(self, s: bytes) -> Any:
+        return WaitGraph.from_dict(json.loads(s))
 
 
 class ContentStateCodec(codecs.Codec):
@@ -71,6 +88,7 @@ class ContentStateCodec(codecs.Codec):
 
 codecs.register("arbiter-leasebook", LeaseBookCodec())
 codecs.register("arbiter-content", ContentStateCodec())
+codecs.register("arbiter-waitgraph", WaitGraphCodec())
 
 
 class ArbiterApp(faust.App):
@@ -197,25 +215,28 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         send=send, after_tool=failpoint(settings),
     )
 
-    async def reject(event: Any, cause: Cause, error: ContractError) -> None:
-        letter = dead_letter(error, processor=RESOURCE_PROCESSOR, source=cause, key=event.key,
+    async def reject(event: Any, cause: Cause, error: ContractError, processor: str = RESOURCE_PROCESSOR) -> None:
+        letter = dead_letter(error, processor=processor, source=cause, key=event.key,
                              value=bytes(event.value or b""), now_ms=_now_ms(),
                              max_message_bytes=settings.max_message_bytes)
         await dead_letters.send(key=event.key, value=codec.encode(letter))
         app.log.warning("dead-lettered %s[%d]@%d: %s", cause.topic, cause.partition, cause.offset, error)
 
+    async def guarded(handler: Any, event: Any) -> None:
+        try:
+            await handler(event)
+        except Exception as exc:
+            # A bug, not bad input. Carrying on would leave a table behind the events
+            # already sent, so stop the worker: it restarts from the last committed
+            # offset and rebuilds its tables from their changelogs.
+            app.log.exception("processor failed on %r; stopping the worker", event.message)
+            await app.crash(exc)
+            raise
+
     @app.agent(commands, name=RESOURCE_PROCESSOR)
     async def resource_processor(stream: Any) -> None:
         async for event in stream.events():
-            try:
-                await handle(event)
-            except Exception as exc:
-                # A bug, not bad input. Carrying on would leave the table behind the events
-                # already sent, so stop the worker: it restarts from the last committed
-                # offset and rebuilds the table from its changelog.
-                app.log.exception("resource processor failed on %r; stopping the worker", event.message)
-                await app.crash(exc)
-                raise
+            await guarded(handle, event)
 
     async def handle(event: Any) -> None:
         """Decide one command message."""
@@ -248,6 +269,45 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         else:
             await reject(event, cause, ContractError(
                 "unsupported_command", f"{type(command).__name__} has no handler in this worker"))
+
+    edges_topic = raw_topic(topics.wait_edges)
+    graphs = raw_key_table(app, "waitgraph", "arbiter-waitgraph", settings.partitions)
+
+    @app.agent(edges_topic, name=DEADLOCK_PROCESSOR)
+    async def deadlock_processor(stream: Any) -> None:
+        """The wait-for graph: every inserted edge is checked for the cycle it closes."""
+        async for event in stream.events():
+            await guarded(handle_edge, event)
+
+    async def handle_edge(event: Any) -> None:
+        """Fold one wait-for edge into its graph and act on the deadlocks it closes."""
+        msg = event.message
+        cause = Cause(topic=msg.topic, partition=msg.partition, offset=msg.offset)
+        try:
+            edge: Record = codec.decode(event.value)
+        except ContractError as error:
+            await reject(event, cause, error, DEADLOCK_PROCESSOR)
+            return
+        if isinstance(edge, DeadlockDetected):
+            return  # our own decisions, logged beside the edges they were made from
+        if not isinstance(edge, WaitEdgeAdded | WaitEdgeRemoved):
+            await reject(event, cause, ContractError(
+                "unsupported_command", f"{type(edge).__name__} does not belong on the wait-edge topic"),
+                DEADLOCK_PROCESSOR)
+            return
+        now_ms = round(msg.timestamp * 1000) if msg.timestamp else _now_ms()
+        graph = graphs.get(event.key) or WaitGraph()
+        found = detect(graph, edge, now_ms, cause) if isinstance(edge, WaitEdgeAdded) else []
+        evolve_graph(graph, edge)
+        for detection in found:
+            for revoke in revocations(graph, detection, now_ms):
+                await send(topics.resource_commands, revoke.resource.encode(), revoke)
+            evolve_graph(graph, detection)
+            await send(topics.wait_edges, event.key, detection)
+            await send(topics.agent_inbox, detection.victim.encode(), detection)
+            app.log.warning("deadlock %s: victim %s, cycle %s", detection.detection_id, detection.victim,
+                            " -> ".join(detection.cycle))
+        graphs[event.key] = graph
 
     stall = {"remaining": -1, "since": time.monotonic()}
 

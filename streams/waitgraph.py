@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
-from arbiter.contract import Cause, DeadlockDetected, WaitEdgeAdded, WaitEdgeRemoved
+from arbiter.contract import Cause, DeadlockDetected, LockRevokeRequested, WaitEdgeAdded, WaitEdgeRemoved
 
 GraphEvent = WaitEdgeAdded | WaitEdgeRemoved | DeadlockDetected
 
@@ -56,6 +57,25 @@ class WaitGraph:
     cancelled: dict[str, None] = field(default_factory=dict)
     """Recent edges of deadlock victims: a redelivered add of one must not revive it."""
     cancelled_window: int = 4096
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly snapshot (the graph table's changelog format)."""
+        return {"edges": [[e.edge_id, e.waiter, e.holder, e.source, e.resource, e.waiter_priority,
+                           e.waiter_registered_at_ms] for e in self.edges.values()],
+                "cancelled": list(self.cancelled)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WaitGraph:
+        """Inverse of ``to_dict``."""
+        graph = cls()
+        for row in data["edges"]:
+            graph.add(Edge(*row))
+        graph.cancelled = dict.fromkeys(data["cancelled"])
+        return graph
+
+    def touching(self, agent: str) -> list[Edge]:
+        """Every edge into or out of ``agent``, sorted by id."""
+        return sorted((e for e in self.edges.values() if agent in (e.waiter, e.holder)), key=lambda e: e.edge_id)
 
     def add(self, edge: Edge) -> None:
         """Insert an edge (idempotent by id)."""
@@ -147,6 +167,21 @@ def detect(graph: WaitGraph, added: WaitEdgeAdded, now_ms: int, cause: Cause) ->
         found.append(event)
         evolve(scratch, event)
     return found
+
+
+def revocations(graph: WaitGraph, detection: DeadlockDetected, now_ms: int) -> list[LockRevokeRequested]:
+    """What breaks the victim's hold: one revoke per resource it holds or waits for.
+
+    Read from the graph *before* the detection is folded in. A revoke without a token
+    takes the victim's leases on that resource and cancels its queued requests there,
+    so the waiters behind it are granted with new tokens and its own token goes stale.
+    """
+    resources = sorted({e.resource for e in graph.touching(detection.victim)
+                        if e.source == "lock" and e.resource is not None})
+    return [LockRevokeRequested(request_id=f"{detection.detection_id}|{resource}", resource=resource,
+                                agent_id=detection.victim, token=None, reason="deadlock_victim",
+                                requested_by="deadlock-detector", sent_at_ms=now_ms)
+            for resource in resources]
 
 
 def _edge(event: WaitEdgeAdded) -> Edge:

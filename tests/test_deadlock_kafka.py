@@ -1,0 +1,60 @@
+"""Deadlocks found and broken end to end: lock-order inversion and a delegation ring."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import pytest
+
+from agents import ArbiterClient, LeaseDenied
+from arbiter.demo import key_for_partition
+from arbiter.processes import WorkerPool, wait_until_served
+from arbiter.settings import Settings
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.fixture
+async def worker(kafka_settings: Settings, workers: WorkerPool) -> AsyncIterator[WorkerPool]:
+    workers.start(1)
+    keys = [key_for_partition(p, kafka_settings.partitions) for p in range(kafka_settings.partitions)]
+    async with ArbiterClient("warmup", kafka_settings) as client:
+        await wait_until_served(client, workers, keys)
+    yield workers
+
+
+async def test_lock_order_inversion_is_detected_and_resolved(kafka_settings: Settings, worker: WorkerPool) -> None:
+    async with ArbiterClient("alpha", kafka_settings) as alpha, ArbiterClient("beta", kafka_settings) as beta:
+        a_on_x = await alpha.acquire("res:x", ttl=60, wait=0)
+        b_on_y = await beta.acquire("res:y", ttl=60, wait=0)
+        alpha_queued = asyncio.Event()
+        alpha_wants_y = asyncio.create_task(alpha.acquire("res:y", ttl=60, wait=60,
+                                                          on_queued=lambda _e: alpha_queued.set()))
+        await asyncio.wait_for(alpha_queued.wait(), 30)  # alpha queues first: beta is the younger waiter
+        with pytest.raises(LeaseDenied) as victim:
+            await beta.acquire("res:x", ttl=60, wait=60)
+        assert victim.value.reason == "deadlock_victim"
+        assert victim.value.diagnostic["message"] == "Circular dependency detected with alpha. Aborting subtask."
+        assert {e["waiter"] for e in victim.value.diagnostic["cycle"]} == {"alpha", "beta"}
+        granted = await asyncio.wait_for(alpha_wants_y, 30)
+        assert granted.token > b_on_y.token, "the waiter gets a new token; the victim's is stale"
+        assert await asyncio.wait_for(b_on_y.wait_lost(), 10) == "revoked: deadlock_victim"
+        assert not a_on_x.lost and alpha.deadlocks == []
+
+
+async def test_the_four_agent_delegation_ring_is_broken(kafka_settings: Settings, worker: WorkerPool) -> None:
+    names = ["routing", "refactoring", "testing", "documentation"]
+    async with contextlib.AsyncExitStack() as stack:
+        clients = {}
+        for name in names:  # connected in this order: documentation is the youngest
+            clients[name] = await stack.enter_async_context(ArbiterClient(name, kafka_settings))
+        for name, nxt in zip(names, names[1:] + names[:1], strict=True):
+            await stack.enter_async_context(clients[name].delegate(to=nxt, task=f"{name} hands off to {nxt}"))
+        notice = await clients["documentation"].wait_for_deadlock(timeout=30)
+        assert notice.victim == "documentation"
+        assert notice.cycle == ["documentation", "routing", "refactoring", "testing"]
+        assert notice.message == "Circular dependency detected with routing. Aborting subtask."
+        for name in names[:3]:
+            assert clients[name].deadlocks == [], f"{name} must not be told to abort"

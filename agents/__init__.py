@@ -6,6 +6,7 @@ The public surface is re-exported here and pinned by ``tests/test_sdk_exports.py
 from .client import ArbiterClient, ArbiterTimeout, PingResult
 from .leases import ArbiterError, Lease, LeaseDenied, LeaseLost
 from .outcomes import Outcome, Snapshot
+from .sagas import Saga, SagaAborted, SagaStepRejected
 
 __all__ = [
     "ArbiterClient",
@@ -16,5 +17,8 @@ __all__ = [
     "LeaseLost",
     "Outcome",
     "PingResult",
+    "Saga",
+    "SagaAborted",
+    "SagaStepRejected",
     "Snapshot",
 ]

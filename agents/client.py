@@ -46,6 +46,7 @@ from arbiter.contract import (
     Pong,
     Record,
     ResourceSnapshot,
+    SagaFinished,
     SnapshotRequested,
     ToolApplied,
     ToolIntent,
@@ -58,6 +59,7 @@ from arbiter.settings import Settings, load_settings
 
 from .leases import ArbiterError, Lease, LeaseDenied, OnAcquired
 from .outcomes import Outcome, Snapshot
+from .sagas import Saga, SagaAborted
 
 Replan = Callable[[Outcome], Awaitable[tuple[int, dict[str, Any]] | None]]
 """replan(conflict) -> (new base version, new patch), or None to give up."""
@@ -110,6 +112,8 @@ class ArbiterClient:
         self.deadlocks: list[DeadlockDetected] = []
         """Every deadlock this agent was chosen to break, newest last."""
         self._deadlock_seen = asyncio.Event()
+        self._sagas: dict[str, Saga] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def __aenter__(self) -> ArbiterClient:
         await self.start()
@@ -173,12 +177,17 @@ class ArbiterClient:
             if isinstance(record, DeadlockDetected):
                 self.deadlocks.append(record)
                 self._deadlock_seen.set()
+                for running in list(self._sagas.values()):
+                    # A deadlock victim aborts its subtask: compensation starts at once.
+                    self._background(running.abort("deadlock_victim", requested_by="deadlock-detector"))
                 continue
             key: str | None
             if isinstance(record, Pong):
                 key = record.ping_id
             elif isinstance(record, ToolApplied | ToolRejected):
                 key = record.intent_id
+            elif isinstance(record, SagaFinished):
+                key = record.saga_id
             else:
                 key = getattr(record, "request_id", None)
             route = self._routes.get(key) if isinstance(key, str) else None
@@ -333,6 +342,51 @@ class ArbiterClient:
             raise RuntimeError("ArbiterClient is not started; use 'async with ArbiterClient(...)'")
         await self._producer.send_and_wait(self.settings.topics.wait_edges, key=key.encode(),
                                            value=self.codec.encode(record))
+
+    def _background(self, work: Awaitable[Any]) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_saga(self, saga_id: str, record: Record) -> None:
+        if self._producer is None:
+            raise RuntimeError("ArbiterClient is not started; use 'async with ArbiterClient(...)'")
+        await self._producer.send_and_wait(self.settings.topics.saga_commands, key=saga_id.encode(),
+                                           value=self.codec.encode(record))
+
+    @contextlib.asynccontextmanager
+    async def saga(self, name: str, timeout: float = 120.0) -> AsyncIterator[Saga]:
+        """``async with client.saga(name) as saga``: a task that completes or is compensated as a whole.
+
+        Leaving the block normally completes it; an exception aborts it (compensating
+        the completed steps) and is re-raised once the saga is ``COMPENSATED``. If the
+        agent was chosen as a deadlock victim meanwhile, leaving raises ``SagaAborted``.
+        """
+        saga = Saga(self, f"saga:{name}:{_new_id()}")
+        finished: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
+
+        def route(record: Record) -> None:
+            if isinstance(record, SagaFinished) and not finished.done():
+                finished.set_result(record)
+
+        self._routes[saga.saga_id] = route
+        self._sagas[saga.saga_id] = saga
+        try:
+            try:
+                yield saga
+            except BaseException as exc:
+                await asyncio.shield(saga.abort(saga.abort_reason or f"{type(exc).__name__}: {exc}"[:200]))
+                await asyncio.shield(asyncio.wait_for(finished, timeout))
+                raise
+            if saga.abort_reason is None:
+                await saga._complete()
+            outcome = await asyncio.wait_for(finished, timeout)
+            assert isinstance(outcome, SagaFinished)
+            if outcome.outcome != "COMPLETED":
+                raise SagaAborted(saga.saga_id, saga.abort_reason or "aborted")
+        finally:
+            self._sagas.pop(saga.saga_id, None)
+            self._routes.pop(saga.saga_id, None)
 
     async def wait_for_deadlock(self, timeout: float | None = None) -> DeadlockDetected:
         """Suspend until this agent is chosen as a deadlock victim; returns the notice."""

@@ -23,10 +23,13 @@ from arbiter.contract import (
     Cause,
     ContractError,
     DeadlockDetected,
+    LockReleaseRequested,
+    LockRequested,
     LockTick,
     Ping,
     Pong,
     Record,
+    SagaFinished,
     SnapshotRequested,
     ToolIntent,
     WaitEdgeAdded,
@@ -35,10 +38,12 @@ from arbiter.contract import (
 )
 from arbiter.settings import Settings
 
+from . import saga as saga_core
 from .deadletter import dead_letter
 from .gateway import GatewayRules
 from .leases import RESOURCE_LOCK_COMMANDS, LeaseRules
 from .resource import (
+    SAGA_PREFIX,
     Outputs,
     ResourceShell,
     ToolRunner,
@@ -47,12 +52,14 @@ from .resource import (
     content_from_bytes,
     content_to_bytes,
 )
+from .saga import Saga
 from .transport import Transport
 from .waitgraph import WaitGraph, detect, revocations
 from .waitgraph import evolve as evolve_graph
 
 RESOURCE_PROCESSOR = "resource"
 DEADLOCK_PROCESSOR = "deadlock"
+SAGA_PROCESSOR = "saga"
 TICK_KEY = b"__tick__"
 
 
@@ -76,6 +83,16 @@ class WaitGraphCodec(codecs.Codec):
         return WaitGraph.from_dict(json.loads(s))
 
 
+class SagaCodec(codecs.Codec):
+    """faust codec for the saga table's values (compact JSON)."""
+
+    def _dumps(self, obj: Any) -> bytes:
+        return json.dumps(obj.to_dict(), separators=(",", ":")).encode()
+
+    def _loads(self, s: bytes) -> Any:
+        return Saga.from_dict(json.loads(s))
+
+
 class ContentStateCodec(codecs.Codec):
     """faust codec for the content table's values (compact JSON)."""
 
@@ -89,6 +106,7 @@ class ContentStateCodec(codecs.Codec):
 codecs.register("arbiter-leasebook", LeaseBookCodec())
 codecs.register("arbiter-content", ContentStateCodec())
 codecs.register("arbiter-waitgraph", WaitGraphCodec())
+codecs.register("arbiter-saga", SagaCodec())
 
 
 class ArbiterApp(faust.App):
@@ -211,7 +229,8 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         gate_rules=GatewayRules(policies=Settings.parse_policies(settings.policies),
                                 max_arguments_bytes=settings.max_patch_bytes),
         tools=tools or default_tools(settings),
-        outputs=Outputs(topics.resource_events, topics.agent_inbox, topics.wait_edges, settings.graph_key.encode()),
+        outputs=Outputs(topics.resource_events, topics.agent_inbox, topics.wait_edges, settings.graph_key.encode(),
+                        saga_topic=topics.saga_commands),
         send=send, after_tool=failpoint(settings),
     )
 
@@ -308,6 +327,44 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
             app.log.warning("deadlock %s: victim %s, cycle %s", detection.detection_id, detection.victim,
                             " -> ".join(detection.cycle))
         graphs[event.key] = graph
+
+    saga_topic = raw_topic(topics.saga_commands)
+    sagas = raw_key_table(app, "sagas", "arbiter-saga", settings.partitions)
+
+    @app.agent(saga_topic, name=SAGA_PROCESSOR)
+    async def saga_processor(stream: Any) -> None:
+        """Sagas: record steps; on abort, undo completed steps in reverse order, fenced."""
+        async for event in stream.events():
+            await guarded(handle_saga, event)
+
+    async def handle_saga(event: Any) -> None:
+        """Decide one saga message: an agent's step or abort, or an answer to the saga's own agent."""
+        msg = event.message
+        cause = Cause(topic=msg.topic, partition=msg.partition, offset=msg.offset)
+        try:
+            record: Record = codec.decode(event.value)
+        except ContractError as error:
+            await reject(event, cause, error, SAGA_PROCESSOR)
+            return
+        saga_id = (event.key or b"").decode("utf-8", errors="replace")
+        if not saga_id.startswith(SAGA_PREFIX) or getattr(record, "saga_id", saga_id) != saga_id:
+            await reject(event, cause, ContractError(
+                "key_mismatch", f"saga messages are keyed by a saga id starting with {SAGA_PREFIX!r}; "
+                                f"got {event.key!r} for {type(record).__name__}"), SAGA_PROCESSOR)
+            return
+        now_ms = round(msg.timestamp * 1000) if msg.timestamp else _now_ms()
+        saga = sagas.get(event.key) or Saga(saga_id)
+        outputs = saga_core.decide(saga, record, now_ms, cause)  # type: ignore[arg-type]
+        saga_core.evolve(saga, record)
+        for output in outputs:
+            saga_core.evolve(saga, output)
+            if isinstance(output, LockRequested | LockReleaseRequested | ToolIntent):
+                await send(topics.resource_commands, output.resource.encode(), output)
+            else:
+                await send(topics.saga_events, event.key, output)
+                if isinstance(output, SagaFinished) and saga.agent_id:
+                    await send(topics.agent_inbox, saga.agent_id.encode(), output)
+        sagas[event.key] = saga
 
     stall = {"remaining": -1, "since": time.monotonic()}
 

@@ -45,6 +45,7 @@ from . import gateway
 from .gateway import Accepted, ContentState, GatewayEvent, GatewayRules, ToolOutcome
 from .leases import LeaseBook, LeaseRules, LockCommand, LockEvent, new_book, step
 
+SAGA_PREFIX = "saga:"
 Send = Callable[[str, bytes, Record], Awaitable[None]]
 """send(topic, key, record): queue one output."""
 
@@ -70,6 +71,13 @@ class Outputs:
     inbox_topic: str
     edges_topic: str
     graph_key: bytes
+    saga_topic: str = ""
+    """Where answers to a saga's own agent go (its id starts with ``saga:``): the saga
+    processor reads them there, beside the saga's other commands, in one order."""
+
+    def reply_to(self, agent_id: str) -> str:
+        """The topic an answer for ``agent_id`` goes to."""
+        return self.saga_topic if self.saga_topic and agent_id.startswith(SAGA_PREFIX) else self.inbox_topic
 
 
 @dataclass
@@ -116,7 +124,7 @@ class ResourceShell:
         if verdict is content.outcomes.get(intent.intent_id):
             # Seen before: answer again, never run again, record nothing new.
             assert not isinstance(verdict, Accepted)
-            await self.send(self.outputs.inbox_topic, intent.agent_id.encode(), verdict)
+            await self.send(self.outputs.reply_to(intent.agent_id), intent.agent_id.encode(), verdict)
             return verdict
         event: GatewayEvent
         if isinstance(verdict, Accepted):
@@ -131,7 +139,7 @@ class ResourceShell:
             event = verdict
         gateway.evolve(content, event, self.gate_rules)
         await self.send(self.outputs.events_topic, key, event)
-        await self.send(self.outputs.inbox_topic, intent.agent_id.encode(), event)
+        await self.send(self.outputs.reply_to(intent.agent_id), intent.agent_id.encode(), event)
         self.contents[key] = content
         return event
 
@@ -193,7 +201,7 @@ class ResourceShell:
             if isinstance(event, WaitEdgeAdded | WaitEdgeRemoved):
                 await self.send(out.edges_topic, out.graph_key, event)
             else:
-                await self.send(out.inbox_topic, event.agent_id.encode(), event)
+                await self.send(out.reply_to(event.agent_id), event.agent_id.encode(), event)
 
 
 def content_to_bytes(content: ContentState) -> bytes:

@@ -5,13 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
-from agents import ArbiterClient, LeaseDenied
+from agents import ArbiterClient, LeaseDenied, SagaAborted
 from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
 from arbiter.settings import Settings
+from arbiter.topics import ensure_topics
+from tools.ledger import Ledger
+
+from .conftest import fresh_postgres_schema, isolated_settings
 
 pytestmark = pytest.mark.kafka
 
@@ -58,3 +63,60 @@ async def test_the_four_agent_delegation_ring_is_broken(kafka_settings: Settings
         assert notice.message == "Circular dependency detected with routing. Aborting subtask."
         for name in names[:3]:
             assert clients[name].deadlocks == [], f"{name} must not be told to abort"
+
+
+async def test_ring_of_sagas_victim_is_compensated_and_the_others_finish(bootstrap: str, tmp_path: Path) -> None:
+    names = ["routing", "refactoring", "testing", "documentation"]
+    settings = isolated_settings(bootstrap, tmp_path, ledger_dsn=fresh_postgres_schema())
+    await ensure_topics(settings)
+    ledger = Ledger(settings.ledger_dsn)
+    ledger.seed({name: 1_000 for name in names})
+    pool = WorkerPool(settings)
+    pool.start(1)
+    ring_broken = asyncio.Event()
+    results: dict[str, str] = {}
+    try:
+        keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
+        async with ArbiterClient("warmup", settings) as warm:
+            await wait_until_served(warm, pool, keys)
+
+        async def agent(client: ArbiterClient, nxt: str, all_connected: asyncio.Event) -> None:
+            await all_connected.wait()
+            name = client.agent_id
+            try:
+                async with client.saga(f"{name}-task") as saga:
+                    async with client.lease(f"account:{name}", ttl=60) as lease:
+                        base = (await client.snapshot(f"account:{name}")).version
+                        await saga.step(lease, "refund", {"order_id": f"{name}-order", "amount": 100},
+                                        base_version=base,
+                                        compensate=lambda o: ("reverse_refund", {"refund_intent_id": o.intent_id}))
+                    async with client.delegate(to=nxt, task=f"{name} waits on {nxt}"):
+                        done = await asyncio.wait({asyncio.ensure_future(client.wait_for_deadlock()),
+                                                   asyncio.ensure_future(ring_broken.wait())},
+                                                  return_when=asyncio.FIRST_COMPLETED)
+                        for task in done[1]:
+                            task.cancel()
+                        if client.deadlocks:
+                            raise RuntimeError(client.deadlocks[-1].message)
+                results[name] = "COMPLETED"
+            except (SagaAborted, RuntimeError) as exc:
+                results[name] = f"COMPENSATED: {exc}"
+                ring_broken.set()
+
+        async with contextlib.AsyncExitStack() as stack:
+            clients = [await stack.enter_async_context(ArbiterClient(n, settings)) for n in names]
+            go = asyncio.Event()
+            tasks = [asyncio.create_task(agent(c, names[(i + 1) % 4], go)) for i, c in enumerate(clients)]
+            go.set()
+            await asyncio.wait_for(asyncio.gather(*tasks), 90)
+        assert results["documentation"].startswith("COMPENSATED: Circular dependency detected with routing")
+        assert all(results[n] == "COMPLETED" for n in names[:3]), results
+        refunds = {r["account"]: r for r in ledger.refunds()}
+        assert refunds["documentation"]["reversed_by"], "the victim's step was compensated"
+        assert all(refunds[n]["reversed_by"] is None for n in names[:3])
+        balances = ledger.balances()
+        assert balances["documentation"] == 1_000 and all(balances[n] == 900 for n in names[:3])
+        assert ledger.invariants()["ok"]
+    finally:
+        pool.stop()
+        ledger.close()

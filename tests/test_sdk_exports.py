@@ -6,7 +6,7 @@ import agents
 def test_public_surface() -> None:
     assert sorted(agents.__all__) == [
         "ArbiterClient", "ArbiterError", "ArbiterTimeout", "Lease", "LeaseDenied", "LeaseLost", "Outcome",
-        "PingResult", "Snapshot",
+        "PingResult", "Saga", "SagaAborted", "SagaStepRejected", "Snapshot",
     ]
     for name in agents.__all__:
         assert getattr(agents, name).__doc__, f"{name} needs a docstring"

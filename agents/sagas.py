@@ -1,0 +1,105 @@
+"""Sagas as an agent sees them: steps with compensations, undone together on abort.
+
+``async with client.saga("refund-ticket") as saga:`` opens a saga; each
+``await saga.step(lease, tool, args, compensate=(tool, args))`` runs one write
+through the gateway and, once applied, registers how to undo it. The saga ends
+``COMPLETED`` when the block exits normally. It ends ``COMPENSATED`` when the block
+raises (an explicit ``saga.abort()``, a rejection the agent gave up on), or when the
+deadlock detector chose this agent as a victim: the saga processor then undoes the
+completed steps in reverse order, each at most once, fenced by its own leases, even
+across worker crashes. Exiting the block waits for that outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from arbiter.contract import CompensationRequested, SagaStep
+
+from .leases import ArbiterError, Lease
+from .outcomes import Outcome
+
+if TYPE_CHECKING:
+    from .client import ArbiterClient
+
+Compensation = tuple[str, dict[str, Any]]
+"""(tool, arguments) that undo a step."""
+
+
+class SagaStepRejected(ArbiterError):
+    """A step's write was refused or failed; ``outcome`` says why. Raise it on to abort."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.diagnostic_json)
+        self.outcome = outcome
+
+
+class SagaAborted(ArbiterError):
+    """The saga was aborted (by the agent or as a deadlock victim) and is compensated."""
+
+    def __init__(self, saga_id: str, reason: str) -> None:
+        super().__init__(f"saga {saga_id} was aborted ({reason}) and compensated")
+        self.saga_id = saga_id
+        self.reason = reason
+
+
+class Saga:
+    """A running saga. Created by ``ArbiterClient.saga``."""
+
+    def __init__(self, client: ArbiterClient, saga_id: str) -> None:
+        self.client = client
+        self.saga_id = saga_id
+        self.steps = 0
+        self.abort_reason: str | None = None
+
+    async def _tell(self, record: SagaStep | CompensationRequested) -> None:
+        await self.client._send_saga(self.saga_id, record)
+
+    async def step(self, lease: Lease | str, tool: str, args: dict[str, Any], *,
+                   compensate: Compensation | Callable[[Outcome], Compensation] | None = None,
+                   base_version: int | None = None) -> Outcome:
+        """Run one step through the gateway; raise ``SagaStepRejected`` if it is not applied.
+
+        ``compensate`` is ``(tool, args)``, or a function of the step's outcome that
+        returns them (for an undo that names what the step created).
+        """
+        if self.abort_reason is not None:
+            raise SagaAborted(self.saga_id, self.abort_reason)
+        step = self.steps
+        self.steps += 1
+        outcome = await self.client.execute(lease, tool, args, base_version=base_version, saga_id=self.saga_id,
+                                            step=step)
+        resource = lease.resource if isinstance(lease, Lease) else lease
+        undo = compensate(outcome) if callable(compensate) else compensate
+        comp_tool, comp_args = undo if undo else (None, None)
+        await self._tell(SagaStep(
+            saga_id=self.saga_id, step=step, agent_id=self.client.agent_id,
+            status="completed" if outcome.applied else "failed", intent_id=outcome.intent_id, resource=resource,
+            tool=tool, arguments_json=json.dumps(args, sort_keys=True), compensate_tool=comp_tool,
+            compensate_arguments_json=None if comp_args is None else json.dumps(comp_args, sort_keys=True),
+            at_ms=_now_ms()))
+        if not outcome.applied:
+            raise SagaStepRejected(outcome)
+        return outcome
+
+    async def abort(self, reason: str = "aborted_by_agent", requested_by: str | None = None) -> None:
+        """Ask for compensation of every completed step (idempotent)."""
+        if self.abort_reason is None:
+            self.abort_reason = reason
+        await self._tell(CompensationRequested(saga_id=self.saga_id, reason=reason,
+                                               requested_by=requested_by or self.client.agent_id, at_ms=_now_ms()))
+
+    async def _complete(self) -> None:
+        await self._tell(SagaStep(saga_id=self.saga_id, step=-1, agent_id=self.client.agent_id,
+                                  status="saga_completed", intent_id="", resource="", tool="", arguments_json="{}",
+                                  at_ms=_now_ms()))
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+

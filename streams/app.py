@@ -184,15 +184,16 @@ def default_tools(settings: Settings) -> ToolRunner:
 
 
 def failpoint(settings: Settings) -> Any:
-    """``ARBITER_FAILPOINT=crash_after_tool:<intent id>``: SIGKILL this worker right after
-    that intent's tool ran, before its outcome is recorded. For crash tests only."""
+    """``ARBITER_FAILPOINT=crash_after_tool:<intent id prefix>``: SIGKILL this worker right
+    after the tool of the first intent whose id starts with the prefix ran, before its
+    outcome is recorded. For crash tests only."""
     spec = os.environ.get("ARBITER_FAILPOINT", "")
     kind, _, target = spec.partition(":")
     if kind != "crash_after_tool" or not target:
         return lambda _intent: None
 
     def crash(intent: ToolIntent) -> None:
-        if intent.intent_id == target:
+        if intent.intent_id.startswith(target):
             os.kill(os.getpid(), signal.SIGKILL)
 
     return crash

@@ -120,3 +120,49 @@ async def test_ring_of_sagas_victim_is_compensated_and_the_others_finish(bootstr
     finally:
         pool.stop()
         ledger.close()
+
+
+async def test_sigkill_mid_compensation_still_ends_compensated_and_runs_nothing_twice(
+    bootstrap: str, tmp_path: Path
+) -> None:
+    settings = isolated_settings(bootstrap, tmp_path, ledger_dsn=fresh_postgres_schema(), partitions=1)
+    await ensure_topics(settings)
+    ledger = Ledger(settings.ledger_dsn)
+    ledger.seed({"a": 1_000, "b": 1_000})
+    pool = WorkerPool(settings)
+    # Die right after the first compensation's tool ran, before its outcome is recorded.
+    pool.start(1, extra_env={"ARBITER_FAILPOINT": "crash_after_tool:saga:crashy:"})
+    try:
+        async with ArbiterClient("warmup", settings) as warm:
+            await wait_until_served(warm, pool, [key_for_partition(0, 1)])
+        async with ArbiterClient("worker-agent", settings) as client:
+
+            async def run_saga() -> None:
+                async with client.saga("crashy") as saga:
+                    for name in ("a", "b"):
+                        async with client.lease(f"account:{name}", ttl=60) as lease:
+                            base = (await client.snapshot(f"account:{name}")).version
+                            await saga.step(lease, "refund", {"order_id": f"o-{name}", "amount": 100},
+                                            base_version=base,
+                                            compensate=lambda o: ("reverse_refund",
+                                                                  {"refund_intent_id": o.intent_id}))
+                    raise RuntimeError("the agent gives up after two steps")
+
+            running = asyncio.create_task(run_saga())
+            crashed = pool.workers[0].proc
+            await asyncio.wait_for(asyncio.to_thread(crashed.wait), 60)
+            assert crashed.returncode == -9, "the failpoint should have killed the worker mid-compensation"
+            pool.workers.clear()
+            pool.start(1)  # recovery: the saga resumes from its changelogged state
+            with pytest.raises(RuntimeError, match="gives up"):
+                await asyncio.wait_for(running, 120)
+        refunds = ledger.refunds()
+        assert sorted(r["order_id"] for r in refunds) == ["o-a", "o-b"]
+        assert all(r["reversed_by"] for r in refunds), "both steps compensated"
+        undo_runs = ledger.applied("reverse_refund")
+        assert len(undo_runs) == 2 and all("|undo|" in i for i in undo_runs), f"a compensation ran twice: {undo_runs}"
+        assert ledger.balances()["a"] == 1_000 and ledger.balances()["b"] == 1_000
+        assert ledger.invariants()["ok"]
+    finally:
+        pool.stop()
+        ledger.close()

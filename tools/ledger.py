@@ -155,6 +155,12 @@ class Ledger:
             return [dict(zip(("intent_id", "account", "order_id", "amount", "reversed_by"), r, strict=True))
                     for r in rows]
 
+    def applied(self, tool: str) -> list[str]:
+        """Intent ids of every run of ``tool`` that applied (or was found applied), sorted."""
+        with self.transaction() as cur:
+            return [r[0] for r in cur.run("SELECT intent_id FROM applied_intents WHERE tool = ? ORDER BY intent_id",
+                                          (tool,))]
+
     def document(self, doc_id: str) -> tuple[int, dict[str, Any]] | None:
         """A document's revision and body."""
         with self.transaction() as cur:

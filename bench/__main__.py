@@ -1,7 +1,7 @@
 """``python -m bench [NAME ...]``: print Arbiter's measured figures.
 
 Names: codec, core, roundtrip, grant, handoff, throughput, ceiling (leases and faust);
-check, intent, checks (the gateway). Default: all.
+check, intent, checks (the gateway); graph, detection (deadlocks). Default: all.
 The Kafka benchmarks need a broker (``./dev bench`` starts the local one) and start
 their own worker processes on topics of their own.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from arbiter.contract import Cause, Holder, LockGranted, default_codec
 
-from . import gateway, leases
+from . import deadlock, gateway, leases
 from .env import bench_arbiter
 
 
@@ -58,7 +58,8 @@ async def bench_roundtrip(rate: float, count: int) -> None:
           f"p50 {q[49]:.2f} ms  p99 {q[98]:.2f} ms  max {max(rtts):.2f} ms")
 
 
-NAMES = ["codec", "core", "roundtrip", "grant", "handoff", "throughput", "ceiling", "check", "intent", "checks"]
+NAMES = ["codec", "core", "roundtrip", "grant", "handoff", "throughput", "ceiling", "check", "intent", "checks",
+         "graph", "detection"]
 
 
 def main() -> None:
@@ -95,6 +96,10 @@ def main() -> None:
         asyncio.run(gateway.round_trip(args.rate, min(args.count, 500)))
     if "checks" in names:
         asyncio.run(gateway.check_throughput(args.burst))
+    if "graph" in names:
+        deadlock.large_graph()
+    if "detection" in names:
+        asyncio.run(deadlock.detection_latency(1_000.0, min(args.count, 500)))
 
 
 if __name__ == "__main__":

@@ -54,7 +54,7 @@ from .resource import (
 )
 from .saga import Saga
 from .transport import Transport
-from .waitgraph import WaitGraph, detect, revocations
+from .waitgraph import Edge, WaitGraph, detect, revocations
 from .waitgraph import evolve as evolve_graph
 
 RESOURCE_PROCESSOR = "resource"
@@ -71,16 +71,6 @@ class LeaseBookCodec(codecs.Codec):
 
     def _loads(self, s: bytes) -> Any:
         return book_from_bytes(s)
-
-
-class WaitGraphCodec(codecs.Codec):
-    """faust codec for the wait-for graph table's values (compact JSON)."""
-
-    def _dumps(self, obj: Any) -> bytes:
-        return json.dumps(obj.to_dict(), separators=(",", ":")).encode()
-
-    def _loads(self, s: bytes) -> Any:
-        return WaitGraph.from_dict(json.loads(s))
 
 
 class SagaCodec(codecs.Codec):
@@ -105,7 +95,6 @@ class ContentStateCodec(codecs.Codec):
 
 codecs.register("arbiter-leasebook", LeaseBookCodec())
 codecs.register("arbiter-content", ContentStateCodec())
-codecs.register("arbiter-waitgraph", WaitGraphCodec())
 codecs.register("arbiter-saga", SagaCodec())
 
 
@@ -291,7 +280,44 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
                 "unsupported_command", f"{type(command).__name__} has no handler in this worker"))
 
     edges_topic = raw_topic(topics.wait_edges)
-    graphs = raw_key_table(app, "waitgraph", "arbiter-waitgraph", settings.partitions)
+    # One small changelog entry per edge (not the whole graph per write): the graph is
+    # rebuilt in memory from the table after a rebalance. Key: graph key NUL edge id.
+    edge_rows = raw_key_table(app, "waitedges", "raw", settings.partitions)
+    graph_cache: dict[bytes, WaitGraph] = {}
+    cache_generation: list[int | None] = [None]
+
+    def graph_for(key: bytes) -> WaitGraph:
+        if cache_generation[0] != app.consumer_generation_id:
+            graph_cache.clear()
+            cache_generation[0] = app.consumer_generation_id
+        graph = graph_cache.get(key)
+        if graph is None:
+            graph = WaitGraph()
+            prefix = key + b"\x00"
+            for row_key, row in list(edge_rows.items()):
+                if row_key.startswith(prefix):
+                    edge_id = row_key[len(prefix):].decode()
+                    if row == b"cancelled":
+                        graph.cancelled[edge_id] = None
+                    else:
+                        graph.add(Edge(*json.loads(row)))
+            graph_cache[key] = graph
+        return graph
+
+    def save_graph(key: bytes, graph: WaitGraph, edges_before: set[str], cancelled_before: set[str]) -> None:
+        prefix = key + b"\x00"
+        for edge_id in edges_before - graph.edges.keys():
+            edge_rows.pop(prefix + edge_id.encode(), None)
+        for edge_id in graph.edges.keys() - edges_before:
+            e = graph.edges[edge_id]
+            edge_rows[prefix + edge_id.encode()] = json.dumps(
+                [e.edge_id, e.waiter, e.holder, e.source, e.resource, e.waiter_priority,
+                 e.waiter_registered_at_ms]).encode()
+        for edge_id in graph.cancelled.keys() - cancelled_before:
+            edge_rows[prefix + edge_id.encode()] = b"cancelled"
+        for edge_id in cancelled_before - graph.cancelled.keys():
+            if edge_id not in graph.edges:
+                edge_rows.pop(prefix + edge_id.encode(), None)
 
     @app.agent(edges_topic, name=DEADLOCK_PROCESSOR)
     async def deadlock_processor(stream: Any) -> None:
@@ -316,7 +342,8 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
                 DEADLOCK_PROCESSOR)
             return
         now_ms = round(msg.timestamp * 1000) if msg.timestamp else _now_ms()
-        graph = graphs.get(event.key) or WaitGraph()
+        graph = graph_for(event.key)
+        edges_before, cancelled_before = set(graph.edges), set(graph.cancelled)
         found = detect(graph, edge, now_ms, cause) if isinstance(edge, WaitEdgeAdded) else []
         evolve_graph(graph, edge)
         for detection in found:
@@ -327,7 +354,7 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
             await send(topics.agent_inbox, detection.victim.encode(), detection)
             app.log.warning("deadlock %s: victim %s, cycle %s", detection.detection_id, detection.victim,
                             " -> ".join(detection.cycle))
-        graphs[event.key] = graph
+        save_graph(event.key, graph, edges_before, cancelled_before)
 
     saga_topic = raw_topic(topics.saga_commands)
     sagas = raw_key_table(app, "sagas", "arbiter-saga", settings.partitions)

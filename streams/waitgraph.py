@@ -59,7 +59,7 @@ class WaitGraph:
     cancelled_window: int = 4096
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly snapshot (the graph table's changelog format)."""
+        """A JSON-friendly snapshot of the whole graph."""
         return {"edges": [[e.edge_id, e.waiter, e.holder, e.source, e.resource, e.waiter_priority,
                            e.waiter_registered_at_ms] for e in self.edges.values()],
                 "cancelled": list(self.cancelled)}
@@ -139,6 +139,8 @@ def detect(graph: WaitGraph, added: WaitEdgeAdded, now_ms: int, cause: Cause) ->
     """The deadlocks ``added`` closes, one victim each. Does not change ``graph``."""
     if added.edge_id in graph.edges or added.edge_id in graph.cancelled:
         return []  # seen before: no second effect
+    if added.waiter != added.holder and _path(graph, added.holder, added.waiter) is None:
+        return []  # the common case: no cycle, and no copy of the graph
     scratch = WaitGraph(dict(graph.edges), {k: dict(v) for k, v in graph.out.items()}, dict(graph.cancelled))
     new = _edge(added)
     scratch.add(new)

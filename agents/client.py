@@ -315,7 +315,8 @@ class ArbiterClient:
                                                          "what it holds, and retry it later."})
 
     @contextlib.asynccontextmanager
-    async def waiting_on(self, other: str, *, priority: int = 0, task: str = "") -> AsyncIterator[None]:
+    async def waiting_on(self, other: str, *, priority: int = 0, task: str = "",
+                         saga_id: str | None = None) -> AsyncIterator[None]:
         """``async with client.waiting_on("testing-agent")``: say "I wait on that agent" while inside.
 
         The deadlock detector sees the edge; if it closes a cycle and this agent is the
@@ -325,7 +326,8 @@ class ArbiterClient:
         key = self.settings.graph_key
         await self._send_edge(key, WaitEdgeAdded(
             edge_id=edge_id, waiter=self.agent_id, holder=other, source="delegation", resource=None,
-            waiter_priority=priority, waiter_registered_at_ms=self.registered_at_ms, added_at_ms=_now_ms()))
+            waiter_priority=priority, waiter_registered_at_ms=self.registered_at_ms, saga_id=saga_id,
+            added_at_ms=_now_ms()))
         try:
             yield
         finally:
@@ -333,9 +335,10 @@ class ArbiterClient:
                 edge_id=edge_id, waiter=self.agent_id, holder=other, source="delegation", resource=None,
                 removed_at_ms=_now_ms())))
 
-    def delegate(self, to: str, task: str = "", priority: int = 0) -> contextlib.AbstractAsyncContextManager[None]:
+    def delegate(self, to: str, task: str = "", priority: int = 0,
+                 saga_id: str | None = None) -> contextlib.AbstractAsyncContextManager[None]:
         """``async with client.delegate(to="testing", task=...)``: wait on the agent you handed work to."""
-        return self.waiting_on(to, priority=priority, task=task)
+        return self.waiting_on(to, priority=priority, task=task, saga_id=saga_id)
 
     async def _send_edge(self, key: str, record: Record) -> None:
         if self._producer is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from arbiter.contract import CompensationRequested, SagaStep
@@ -84,6 +85,14 @@ class Saga:
         if not outcome.applied:
             raise SagaStepRejected(outcome)
         return outcome
+
+    def delegate(self, to: str, task: str = "", priority: int = 0) -> AbstractAsyncContextManager[None]:
+        """Wait on another agent as part of this saga: if that deadlocks, the saga is compensated."""
+        return self.client.delegate(to, task=task, priority=priority, saga_id=self.saga_id)
+
+    def lease(self, resource: str, **options: Any) -> AbstractAsyncContextManager[Lease]:
+        """``client.lease`` as part of this saga (its waits name the saga)."""
+        return self.client.lease(resource, saga_id=self.saga_id, **options)
 
     async def abort(self, reason: str = "aborted_by_agent", requested_by: str | None = None) -> None:
         """Ask for compensation of every completed step (idempotent)."""

@@ -21,6 +21,7 @@ from faust.serializers import codecs
 
 from arbiter.contract import (
     Cause,
+    CompensationRequested,
     ContractError,
     DeadlockDetected,
     LockReleaseRequested,
@@ -312,7 +313,7 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
             e = graph.edges[edge_id]
             edge_rows[prefix + edge_id.encode()] = json.dumps(
                 [e.edge_id, e.waiter, e.holder, e.source, e.resource, e.waiter_priority,
-                 e.waiter_registered_at_ms]).encode()
+                 e.waiter_registered_at_ms, e.saga_id]).encode()
         for edge_id in graph.cancelled.keys() - cancelled_before:
             edge_rows[prefix + edge_id.encode()] = b"cancelled"
         for edge_id in cancelled_before - graph.cancelled.keys():
@@ -350,6 +351,12 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
             for revoke in revocations(graph, detection, now_ms):
                 await send(topics.resource_commands, revoke.resource.encode(), revoke)
             evolve_graph(graph, detection)
+            if detection.saga_id:
+                # The detector starts the victim's compensation itself: the victim may be
+                # stuck, or gone, and must not be trusted to do it.
+                await send(topics.saga_commands, detection.saga_id.encode(), CompensationRequested(
+                    saga_id=detection.saga_id, reason="deadlock_victim", requested_by="deadlock-detector",
+                    at_ms=now_ms, cause=cause))
             await send(topics.wait_edges, event.key, detection)
             await send(topics.agent_inbox, detection.victim.encode(), detection)
             app.log.warning("deadlock %s: victim %s, cycle %s", detection.detection_id, detection.victim,

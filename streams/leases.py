@@ -378,7 +378,8 @@ class _Decision:
                 self.emit(WaitEdgeAdded(
                     edge_id=_edge_id(self.view.resource, waiter, new), waiter=waiter.agent_id, holder=new,
                     source="lock", resource=self.view.resource, waiter_priority=waiter.priority,
-                    waiter_registered_at_ms=waiter.queued_at_ms, added_at_ms=self.now, cause=self.cause,
+                    waiter_registered_at_ms=waiter.queued_at_ms, saga_id=waiter.saga_id, added_at_ms=self.now,
+                    cause=self.cause,
                 ))
 
     def deny(self, request_id: str, agent_id: str, reason: str, detail: dict[str, Any]) -> None:

@@ -45,6 +45,7 @@ class Edge:
     resource: str | None
     waiter_priority: int
     waiter_registered_at_ms: int
+    saga_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -61,7 +62,7 @@ class WaitGraph:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly snapshot of the whole graph."""
         return {"edges": [[e.edge_id, e.waiter, e.holder, e.source, e.resource, e.waiter_priority,
-                           e.waiter_registered_at_ms] for e in self.edges.values()],
+                           e.waiter_registered_at_ms, e.saga_id] for e in self.edges.values()],
                 "cancelled": list(self.cancelled)}
 
     @classmethod
@@ -163,6 +164,7 @@ def detect(graph: WaitGraph, added: WaitEdgeAdded, now_ms: int, cause: Cause) ->
             cycle_json=json.dumps([{"waiter": e.waiter, "holder": e.holder, "resource": e.resource,
                                     "source": e.source, "edge_id": e.edge_id} for e in ordered]),
             message=f"Circular dependency detected with {waited_on}. Aborting subtask.",
+            saga_id=next((e.saga_id for e in scratch.out.get(victim.waiter, {}).values() if e.saga_id), None),
             decided_at_ms=now_ms,
             cause=cause,
         )
@@ -188,7 +190,7 @@ def revocations(graph: WaitGraph, detection: DeadlockDetected, now_ms: int) -> l
 
 def _edge(event: WaitEdgeAdded) -> Edge:
     return Edge(event.edge_id, event.waiter, event.holder, event.source, event.resource, event.waiter_priority,
-                event.waiter_registered_at_ms)
+                event.waiter_registered_at_ms, event.saga_id)
 
 
 def evolve(graph: WaitGraph, event: GraphEvent) -> WaitGraph:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from agents import ArbiterClient, LeaseDenied, SagaAborted
-from arbiter.contract import DeadlockDetected, WaitEdgeAdded, WaitEdgeRemoved
+from arbiter.contract import CompensationRequested, DeadlockDetected, WaitEdgeAdded, WaitEdgeRemoved
 from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
 from arbiter.settings import Settings
@@ -89,12 +89,12 @@ async def test_ring_of_sagas_victim_is_compensated_and_the_others_finish(bootstr
             name = client.agent_id
             try:
                 async with client.saga(f"{name}-task") as saga:
-                    async with client.lease(f"account:{name}", ttl=60) as lease:
+                    async with saga.lease(f"account:{name}", ttl=60) as lease:
                         base = (await client.snapshot(f"account:{name}")).version
                         await saga.step(lease, "refund", {"order_id": f"{name}-order", "amount": 100},
                                         base_version=base,
                                         compensate=lambda o: ("reverse_refund", {"refund_intent_id": o.intent_id}))
-                    async with client.delegate(to=nxt, task=f"{name} waits on {nxt}"):
+                    async with saga.delegate(to=nxt, task=f"{name} waits on {nxt}"):
                         done = await asyncio.wait({asyncio.ensure_future(client.wait_for_deadlock()),
                                                    asyncio.ensure_future(ring_broken.wait())},
                                                   return_when=asyncio.FIRST_COMPLETED)
@@ -121,6 +121,14 @@ async def test_ring_of_sagas_victim_is_compensated_and_the_others_finish(bootstr
         balances = ledger.balances()
         assert balances["documentation"] == 1_000 and all(balances[n] == 900 for n in names[:3])
         assert ledger.invariants()["ok"]
+        (detection,) = [r for _o, r in await _read_edge_log(settings) if isinstance(r, DeadlockDetected)]
+        assert detection.saga_id and detection.saga_id.startswith("saga:documentation-task:")
+        from arbiter.history import partition_for, read_partition
+
+        partition = partition_for(detection.saga_id.encode(), settings.partitions)
+        aborts = [r async for _o, key, r in read_partition(settings, settings.topics.saga_commands, partition)
+                  if key == detection.saga_id.encode() and isinstance(r, CompensationRequested)]
+        assert "deadlock-detector" in {a.requested_by for a in aborts}, "the detector starts the compensation"
     finally:
         pool.stop()
         ledger.close()

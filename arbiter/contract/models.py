@@ -369,6 +369,7 @@ class WaitEdgeAdded(Record):
     resource: str | None = None
     waiter_priority: int = 0
     waiter_registered_at_ms: int
+    saga_id: str | None = None
     added_at_ms: int
     cause: Cause | None = None
 

@@ -301,7 +301,7 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
                     if row == b"cancelled":
                         graph.cancelled[edge_id] = None
                     else:
-                        graph.add(Edge(*json.loads(row)))
+                        graph.add(Edge.from_row(json.loads(row)))
             graph_cache[key] = graph
         return graph
 
@@ -310,10 +310,7 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         for edge_id in edges_before - graph.edges.keys():
             edge_rows.pop(prefix + edge_id.encode(), None)
         for edge_id in graph.edges.keys() - edges_before:
-            e = graph.edges[edge_id]
-            edge_rows[prefix + edge_id.encode()] = json.dumps(
-                [e.edge_id, e.waiter, e.holder, e.source, e.resource, e.waiter_priority,
-                 e.waiter_registered_at_ms, e.saga_id]).encode()
+            edge_rows[prefix + edge_id.encode()] = json.dumps(graph.edges[edge_id].to_row()).encode()
         for edge_id in graph.cancelled.keys() - cancelled_before:
             edge_rows[prefix + edge_id.encode()] = b"cancelled"
         for edge_id in cancelled_before - graph.cancelled.keys():

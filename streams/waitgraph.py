@@ -47,6 +47,16 @@ class Edge:
     waiter_registered_at_ms: int
     saga_id: str | None = None
 
+    def to_row(self) -> list[Any]:
+        """A compact JSON row (the edge table's changelog value)."""
+        return [self.edge_id, self.waiter, self.holder, self.source, self.resource, self.waiter_priority,
+                self.waiter_registered_at_ms, self.saga_id]
+
+    @classmethod
+    def from_row(cls, row: list[Any]) -> Edge:
+        """Inverse of ``to_row``."""
+        return cls(*row)
+
 
 @dataclass(slots=True)
 class WaitGraph:
@@ -58,21 +68,6 @@ class WaitGraph:
     cancelled: dict[str, None] = field(default_factory=dict)
     """Recent edges of deadlock victims: a redelivered add of one must not revive it."""
     cancelled_window: int = 4096
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly snapshot of the whole graph."""
-        return {"edges": [[e.edge_id, e.waiter, e.holder, e.source, e.resource, e.waiter_priority,
-                           e.waiter_registered_at_ms, e.saga_id] for e in self.edges.values()],
-                "cancelled": list(self.cancelled)}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> WaitGraph:
-        """Inverse of ``to_dict``."""
-        graph = cls()
-        for row in data["edges"]:
-            graph.add(Edge(*row))
-        graph.cancelled = dict.fromkeys(data["cancelled"])
-        return graph
 
     def touching(self, agent: str) -> list[Edge]:
         """Every edge into or out of ``agent``, sorted by id."""

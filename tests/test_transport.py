@@ -33,3 +33,12 @@ def test_app_uses_arbiter_transport_and_tuned_settings(tmp_path) -> None:  # typ
     assert app.conf.broker_commit_interval == 0.3
     assert app.conf.broker_session_timeout == settings.session_timeout
     assert faust_settings(settings)["processing_guarantee"] == "at_least_once"
+
+
+async def test_the_worker_consumer_really_gets_our_fetch_wait(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    app = create_app(Settings(home=tmp_path, fetch_max_wait_ms=7))
+    consumer = app.consumer._thread._create_worker_consumer(app.transport)
+    try:
+        assert consumer._fetch_max_wait_ms == 7
+    finally:
+        await consumer.stop()

@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import faust
@@ -58,6 +59,8 @@ from .transport import Transport
 from .waitgraph import Edge, WaitGraph, detect, revocations
 from .waitgraph import evolve as evolve_graph
 
+Handler = Callable[[Any, Record, Cause, int], Awaitable[None]]
+"""handle(event, decoded record, cause, now_ms): one processor's decision."""
 RESOURCE_PROCESSOR = "resource"
 DEADLOCK_PROCESSOR = "deadlock"
 SAGA_PROCESSOR = "saga"
@@ -232,33 +235,35 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         await dead_letters.send(key=event.key, value=codec.encode(letter))
         app.log.warning("dead-lettered %s[%d]@%d: %s", cause.topic, cause.partition, cause.offset, error)
 
-    async def guarded(handler: Any, event: Any) -> None:
-        try:
-            await handler(event)
-        except Exception as exc:
-            # A bug, not bad input. Carrying on would leave a table behind the events
-            # already sent, so stop the worker: it restarts from the last committed
-            # offset and rebuilds its tables from their changelogs.
-            app.log.exception("processor failed on %r; stopping the worker", event.message)
-            await app.crash(exc)
-            raise
+    def processor(topic: Any, name: str, handle: Handler) -> None:
+        """Register a thin processor: decode (dead-lettering what does not), then ``handle``."""
 
-    @app.agent(commands, name=RESOURCE_PROCESSOR)
-    async def resource_processor(stream: Any) -> None:
-        async for event in stream.events():
-            await guarded(handle, event)
+        async def run(stream: Any) -> None:
+            async for event in stream.events():
+                msg = event.message
+                cause = Cause(topic=msg.topic, partition=msg.partition, offset=msg.offset)
+                try:
+                    record: Record = codec.decode(event.value)
+                except ContractError as error:
+                    await reject(event, cause, error, name)
+                    continue
+                # The broker's append time: the same on every redelivery (see streams.leases).
+                now_ms = round(msg.timestamp * 1000) if msg.timestamp else _now_ms()
+                try:
+                    await handle(event, record, cause, now_ms)
+                except Exception as exc:
+                    # A bug, not bad input. Carrying on would leave a table behind the events
+                    # already sent, so stop the worker: it restarts from the last committed
+                    # offset and rebuilds its tables from their changelogs.
+                    app.log.exception("%s processor failed on %r; stopping the worker", name, msg)
+                    await app.crash(exc)
+                    raise
 
-    async def handle(event: Any) -> None:
-        """Decide one command message."""
-        msg = event.message
-        cause = Cause(topic=msg.topic, partition=msg.partition, offset=msg.offset)
-        try:
-            command: Record = codec.decode(event.value)
-        except ContractError as error:
-            await reject(event, cause, error)
-            return
-        # The broker's append time: the same on every redelivery (see streams.leases).
-        now_ms = round(msg.timestamp * 1000) if msg.timestamp else _now_ms()
+        run.__name__ = run.__qualname__ = f"{name}_processor"
+        app.agent(topic, name=name)(run)
+
+    async def handle(event: Any, command: Record, cause: Cause, now_ms: int) -> None:
+        """Decide one resource command."""
         if isinstance(command, LockTick):
             await shell.tick(command, now_ms, cause, app.consumer_generation_id)
         elif isinstance(command, (*RESOURCE_LOCK_COMMANDS, ToolIntent, SnapshotRequested)):
@@ -317,21 +322,8 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
             if edge_id not in graph.edges:
                 edge_rows.pop(prefix + edge_id.encode(), None)
 
-    @app.agent(edges_topic, name=DEADLOCK_PROCESSOR)
-    async def deadlock_processor(stream: Any) -> None:
-        """The wait-for graph: every inserted edge is checked for the cycle it closes."""
-        async for event in stream.events():
-            await guarded(handle_edge, event)
-
-    async def handle_edge(event: Any) -> None:
+    async def handle_edge(event: Any, edge: Record, cause: Cause, now_ms: int) -> None:
         """Fold one wait-for edge into its graph and act on the deadlocks it closes."""
-        msg = event.message
-        cause = Cause(topic=msg.topic, partition=msg.partition, offset=msg.offset)
-        try:
-            edge: Record = codec.decode(event.value)
-        except ContractError as error:
-            await reject(event, cause, error, DEADLOCK_PROCESSOR)
-            return
         if isinstance(edge, DeadlockDetected):
             return  # our own decisions, logged beside the edges they were made from
         if not isinstance(edge, WaitEdgeAdded | WaitEdgeRemoved):
@@ -339,7 +331,6 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
                 "unsupported_command", f"{type(edge).__name__} does not belong on the wait-edge topic"),
                 DEADLOCK_PROCESSOR)
             return
-        now_ms = round(msg.timestamp * 1000) if msg.timestamp else _now_ms()
         graph = graph_for(event.key)
         edges_before, cancelled_before = set(graph.edges), set(graph.cancelled)
         found = detect(graph, edge, now_ms, cause) if isinstance(edge, WaitEdgeAdded) else []
@@ -363,28 +354,14 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
     saga_topic = raw_topic(topics.saga_commands)
     sagas = raw_key_table(app, "sagas", "arbiter-saga", settings.partitions)
 
-    @app.agent(saga_topic, name=SAGA_PROCESSOR)
-    async def saga_processor(stream: Any) -> None:
-        """Sagas: record steps; on abort, undo completed steps in reverse order, fenced."""
-        async for event in stream.events():
-            await guarded(handle_saga, event)
-
-    async def handle_saga(event: Any) -> None:
+    async def handle_saga(event: Any, record: Record, cause: Cause, now_ms: int) -> None:
         """Decide one saga message: an agent's step or abort, or an answer to the saga's own agent."""
-        msg = event.message
-        cause = Cause(topic=msg.topic, partition=msg.partition, offset=msg.offset)
-        try:
-            record: Record = codec.decode(event.value)
-        except ContractError as error:
-            await reject(event, cause, error, SAGA_PROCESSOR)
-            return
         saga_id = (event.key or b"").decode("utf-8", errors="replace")
         if not saga_id.startswith(SAGA_PREFIX) or getattr(record, "saga_id", saga_id) != saga_id:
             await reject(event, cause, ContractError(
                 "key_mismatch", f"saga messages are keyed by a saga id starting with {SAGA_PREFIX!r}; "
                                 f"got {event.key!r} for {type(record).__name__}"), SAGA_PROCESSOR)
             return
-        now_ms = round(msg.timestamp * 1000) if msg.timestamp else _now_ms()
         saga = sagas.get(event.key) or Saga(saga_id)
         outputs = saga_core.decide(saga, record, now_ms, cause)  # type: ignore[arg-type]
         saga_core.evolve(saga, record)
@@ -397,6 +374,10 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
                 if isinstance(output, SagaFinished) and saga.agent_id:
                     await send(topics.agent_inbox, saga.agent_id.encode(), output)
         sagas[event.key] = saga
+
+    processor(commands, RESOURCE_PROCESSOR, handle)
+    processor(edges_topic, DEADLOCK_PROCESSOR, handle_edge)
+    processor(saga_topic, SAGA_PROCESSOR, handle_saga)
 
     stall = {"remaining": -1, "since": time.monotonic()}
 

@@ -245,16 +245,22 @@ class CommitArgs(BaseModel):
     patch: dict[str, Any]
 
 
-def _once(cur: Any, call: ToolCall, tool: str, effect: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """Apply ``effect`` unless this intent already did; record its result either way."""
-    done = cur.run("SELECT result FROM applied_intents WHERE intent_id = ?", (call.intent_id,))
-    if done:
-        recorded: dict[str, Any] = json.loads(done[0][0])
-        return recorded
-    result = effect()
-    cur.run("INSERT INTO applied_intents (intent_id, tool, result) VALUES (?, ?, ?)",
-            (call.intent_id, tool, json.dumps(result, sort_keys=True)))
-    return result
+async def _once(ledger: Ledger, call: ToolCall, tool: str,
+                effect: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """In one transaction: apply ``effect(cursor)`` unless this intent already did, and
+    record its result; a repeated intent gets the recorded result back."""
+
+    def work(cur: Any) -> dict[str, Any]:
+        done = cur.run("SELECT result FROM applied_intents WHERE intent_id = ?", (call.intent_id,))
+        if done:
+            recorded: dict[str, Any] = json.loads(done[0][0])
+            return recorded
+        result = effect(cur)
+        cur.run("INSERT INTO applied_intents (intent_id, tool, result) VALUES (?, ?, ?)",
+                (call.intent_id, tool, json.dumps(result, sort_keys=True)))
+        return result
+
+    return await ledger.call(work)
 
 
 def _move(cur: Any, source: str, target: str, amount: int) -> int:
@@ -279,15 +285,13 @@ def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
         assert isinstance(args, RefundArgs)
         account = _account_of(call.resource)
 
-        def effect(cur: Any) -> dict[str, Any]:
-            def apply() -> dict[str, Any]:
-                balance = _move(cur, account, PAYOUTS, args.amount)
-                cur.run("INSERT INTO refunds (intent_id, account, order_id, amount) VALUES (?, ?, ?, ?)",
-                        (call.intent_id, account, args.order_id, args.amount))
-                return {"account": account, "order_id": args.order_id, "amount": args.amount, "balance": balance}
-            return _once(cur, call, "refund", apply)
+        def apply(cur: Any) -> dict[str, Any]:
+            balance = _move(cur, account, PAYOUTS, args.amount)
+            cur.run("INSERT INTO refunds (intent_id, account, order_id, amount) VALUES (?, ?, ?, ?)",
+                    (call.intent_id, account, args.order_id, args.amount))
+            return {"account": account, "order_id": args.order_id, "amount": args.amount, "balance": balance}
 
-        return await ledger.call(effect)
+        return await _once(ledger, call, "refund", apply)
 
     @registry.register("reverse_refund", ReverseRefundArgs)
     async def reverse_refund(call: ToolCall) -> dict[str, Any]:
@@ -295,22 +299,20 @@ def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
         args = call.arguments
         assert isinstance(args, ReverseRefundArgs)
 
-        def effect(cur: Any) -> dict[str, Any]:
-            def apply() -> dict[str, Any]:
-                rows = cur.run("SELECT account, amount, reversed_by FROM refunds WHERE intent_id = ?",
-                               (args.refund_intent_id,))
-                if not rows:
-                    return {"reversed": None, "note": "no such refund; nothing to undo"}
-                account, amount, reversed_by = rows[0]
-                if reversed_by:
-                    return {"reversed": args.refund_intent_id, "note": f"already reversed by {reversed_by}"}
-                _move(cur, PAYOUTS, account, int(amount))
-                cur.run("UPDATE refunds SET reversed_by = ? WHERE intent_id = ?",
-                        (call.intent_id, args.refund_intent_id))
-                return {"reversed": args.refund_intent_id, "amount": int(amount)}
-            return _once(cur, call, "reverse_refund", apply)
+        def apply(cur: Any) -> dict[str, Any]:
+            rows = cur.run("SELECT account, amount, reversed_by FROM refunds WHERE intent_id = ?",
+                           (args.refund_intent_id,))
+            if not rows:
+                return {"reversed": None, "note": "no such refund; nothing to undo"}
+            account, amount, reversed_by = rows[0]
+            if reversed_by:
+                return {"reversed": args.refund_intent_id, "note": f"already reversed by {reversed_by}"}
+            _move(cur, PAYOUTS, account, int(amount))
+            cur.run("UPDATE refunds SET reversed_by = ? WHERE intent_id = ?",
+                    (call.intent_id, args.refund_intent_id))
+            return {"reversed": args.refund_intent_id, "amount": int(amount)}
 
-        return await ledger.call(effect)
+        return await _once(ledger, call, "reverse_refund", apply)
 
     @registry.register("transfer", TransferArgs, compensation="transfer")
     async def transfer(call: ToolCall) -> dict[str, Any]:
@@ -319,13 +321,11 @@ def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
         assert isinstance(args, TransferArgs)
         account = _account_of(call.resource)
 
-        def effect(cur: Any) -> dict[str, Any]:
-            def apply() -> dict[str, Any]:
-                balance = _move(cur, account, args.to, args.amount)
-                return {"from": account, "to": args.to, "amount": args.amount, "balance": balance}
-            return _once(cur, call, "transfer", apply)
+        def apply(cur: Any) -> dict[str, Any]:
+            balance = _move(cur, account, args.to, args.amount)
+            return {"from": account, "to": args.to, "amount": args.amount, "balance": balance}
 
-        return await ledger.call(effect)
+        return await _once(ledger, call, "transfer", apply)
 
     @registry.register("commit", CommitArgs)
     async def commit(call: ToolCall) -> dict[str, Any]:
@@ -334,18 +334,16 @@ def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
         assert isinstance(args, CommitArgs)
         doc_id = call.resource
 
-        def effect(cur: Any) -> dict[str, Any]:
-            def apply() -> dict[str, Any]:
-                rows = cur.run("SELECT revision, body FROM documents WHERE id = ?", (doc_id,))
-                revision, body = (int(rows[0][0]), json.loads(rows[0][1])) if rows else (0, {})
-                body = merge_patch(body, args.patch)
-                if rows:
-                    cur.run("UPDATE documents SET revision = ?, body = ? WHERE id = ?",
-                            (revision + 1, json.dumps(body, sort_keys=True), doc_id))
-                else:
-                    cur.run("INSERT INTO documents (id, revision, body) VALUES (?, ?, ?)",
-                            (doc_id, 1, json.dumps(body, sort_keys=True)))
-                return {"document": doc_id, "revision": revision + 1}
-            return _once(cur, call, "commit", apply)
+        def apply(cur: Any) -> dict[str, Any]:
+            rows = cur.run("SELECT revision, body FROM documents WHERE id = ?", (doc_id,))
+            revision, body = (int(rows[0][0]), json.loads(rows[0][1])) if rows else (0, {})
+            body = merge_patch(body, args.patch)
+            if rows:
+                cur.run("UPDATE documents SET revision = ?, body = ? WHERE id = ?",
+                        (revision + 1, json.dumps(body, sort_keys=True), doc_id))
+            else:
+                cur.run("INSERT INTO documents (id, revision, body) VALUES (?, ?, ?)",
+                        (doc_id, 1, json.dumps(body, sort_keys=True)))
+            return {"document": doc_id, "revision": revision + 1}
 
-        return await ledger.call(effect)
+        return await _once(ledger, call, "commit", apply)

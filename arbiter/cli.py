@@ -297,9 +297,12 @@ def lock_status(ctx: click.Context, resource: str) -> None:
 
 
 def _register_late_commands() -> None:
+    from .audit.cli import COMMANDS
     from .demo import demo
 
     main.add_command(demo)
+    for command in COMMANDS:
+        main.add_command(command)
 
 
 _register_late_commands()

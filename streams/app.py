@@ -22,17 +22,12 @@ from faust.serializers import codecs
 
 from arbiter.contract import (
     Cause,
-    CompensationRequested,
     ContractError,
     DeadlockDetected,
-    LockReleaseRequested,
-    LockRequested,
     LockTick,
     Ping,
     Pong,
     Record,
-    SagaFinished,
-    SnapshotRequested,
     ToolIntent,
     WaitEdgeAdded,
     WaitEdgeRemoved,
@@ -40,14 +35,13 @@ from arbiter.contract import (
 )
 from arbiter.settings import Settings
 
-from . import saga as saga_core
 from .deadletter import dead_letter
 from .gateway import GatewayRules
-from .leases import RESOURCE_LOCK_COMMANDS, LeaseRules
+from .leases import LeaseRules
 from .resource import (
-    SAGA_PREFIX,
     Outputs,
     ResourceShell,
+    Send,
     ToolRunner,
     book_from_bytes,
     book_to_bytes,
@@ -55,9 +49,9 @@ from .resource import (
     content_to_bytes,
 )
 from .saga import Saga
+from .shells import Routes, edge_problem, on_edge, on_resource_command, on_saga, saga_key_problem
 from .transport import Transport
-from .waitgraph import Edge, WaitGraph, detect, revocations
-from .waitgraph import evolve as evolve_graph
+from .waitgraph import Edge, WaitGraph
 
 Handler = Callable[[Any, Record, Cause, int], Awaitable[None]]
 """handle(event, decoded record, cause, now_ms): one processor's decision."""
@@ -166,6 +160,27 @@ def raw_key_table(app: faust.App, name: str, value_serializer: str, partitions: 
     return app.tables.add(table)
 
 
+def shell_routes(settings: Settings) -> Routes:
+    """Where the deadlock and saga processors send their outputs."""
+    t = settings.topics
+    return Routes(t.resource_commands, t.agent_inbox, t.wait_edges, t.saga_commands, t.saga_events)
+
+
+def resource_shell(settings: Settings, books: Any, contents: Any, tools: ToolRunner, send: Send,
+                   after_tool: Any = None) -> ResourceShell:
+    """The resource processor's shell over ``books``/``contents`` (tables, or dicts in a replay)."""
+    topics = settings.topics
+    return ResourceShell(
+        books=books, contents=contents, partitions=settings.partitions, rules=lease_rules(settings),
+        gate_rules=GatewayRules(policies=Settings.parse_policies(settings.policies),
+                                max_arguments_bytes=settings.max_patch_bytes),
+        tools=tools,
+        outputs=Outputs(topics.resource_events, topics.agent_inbox, topics.wait_edges, settings.graph_key.encode(),
+                        saga_topic=topics.saga_commands),
+        send=send, after_tool=after_tool or (lambda _intent: None),
+    )
+
+
 def default_tools(settings: Settings) -> ToolRunner:
     """The ledger's tools against the configured database."""
     from tools.ledger import Ledger, register_ledger_tools
@@ -218,15 +233,7 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         producer = await app.maybe_start_producer()
         await producer.send(topic, key, codec.encode(record), None, None, None)
 
-    shell = ResourceShell(
-        books=books, contents=contents, partitions=settings.partitions, rules=lease_rules(settings),
-        gate_rules=GatewayRules(policies=Settings.parse_policies(settings.policies),
-                                max_arguments_bytes=settings.max_patch_bytes),
-        tools=tools or default_tools(settings),
-        outputs=Outputs(topics.resource_events, topics.agent_inbox, topics.wait_edges, settings.graph_key.encode(),
-                        saga_topic=topics.saga_commands),
-        send=send, after_tool=failpoint(settings),
-    )
+    shell = resource_shell(settings, books, contents, tools or default_tools(settings), send, failpoint(settings))
 
     async def reject(event: Any, cause: Cause, error: ContractError, processor: str = RESOURCE_PROCESSOR) -> None:
         letter = dead_letter(error, processor=processor, source=cause, key=event.key,
@@ -264,27 +271,16 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
 
     async def handle(event: Any, command: Record, cause: Cause, now_ms: int) -> None:
         """Decide one resource command."""
-        if isinstance(command, LockTick):
-            await shell.tick(command, now_ms, cause, app.consumer_generation_id)
-        elif isinstance(command, (*RESOURCE_LOCK_COMMANDS, ToolIntent, SnapshotRequested)):
-            if event.key != command.resource.encode():
-                # Decided under another key, the resource would have two orders.
-                await reject(event, cause, ContractError(
-                    "key_mismatch", f"message key {event.key!r} is not the resource {command.resource!r}"))
-            elif isinstance(command, ToolIntent):
-                await shell.execute(event.key, command, now_ms, cause)
-            elif isinstance(command, SnapshotRequested):
-                await shell.snapshot(event.key, command, now_ms, cause)
-            else:
-                await shell.decide(event.key, command, now_ms, cause)
-        elif isinstance(command, Ping):
+        if isinstance(command, Ping):
             await send(topics.agent_inbox, command.agent_id.encode(), Pong(
                 ping_id=command.ping_id, agent_id=command.agent_id, worker_id=me, decided_at_ms=now_ms,
                 cause=cause))
-        else:
-            await reject(event, cause, ContractError(
-                "unsupported_command", f"{type(command).__name__} has no handler in this worker"))
+            return
+        problem = await on_resource_command(shell, event.key, command, now_ms, cause, app.consumer_generation_id)
+        if problem is not None:
+            await reject(event, cause, problem)
 
+    routes = shell_routes(settings)
     edges_topic = raw_topic(topics.wait_edges)
     # One small changelog entry per edge (not the whole graph per write): the graph is
     # rebuilt in memory from the table after a rebalance. Key: graph key NUL edge id.
@@ -324,29 +320,16 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
 
     async def handle_edge(event: Any, edge: Record, cause: Cause, now_ms: int) -> None:
         """Fold one wait-for edge into its graph and act on the deadlocks it closes."""
+        problem = edge_problem(edge)
+        if problem is not None:
+            await reject(event, cause, problem, DEADLOCK_PROCESSOR)
+            return
         if isinstance(edge, DeadlockDetected):
             return  # our own decisions, logged beside the edges they were made from
-        if not isinstance(edge, WaitEdgeAdded | WaitEdgeRemoved):
-            await reject(event, cause, ContractError(
-                "unsupported_command", f"{type(edge).__name__} does not belong on the wait-edge topic"),
-                DEADLOCK_PROCESSOR)
-            return
+        assert isinstance(edge, WaitEdgeAdded | WaitEdgeRemoved)
         graph = graph_for(event.key)
         edges_before, cancelled_before = set(graph.edges), set(graph.cancelled)
-        found = detect(graph, edge, now_ms, cause) if isinstance(edge, WaitEdgeAdded) else []
-        evolve_graph(graph, edge)
-        for detection in found:
-            for revoke in revocations(graph, detection, now_ms):
-                await send(topics.resource_commands, revoke.resource.encode(), revoke)
-            evolve_graph(graph, detection)
-            if detection.saga_id:
-                # The detector starts the victim's compensation itself: the victim may be
-                # stuck, or gone, and must not be trusted to do it.
-                await send(topics.saga_commands, detection.saga_id.encode(), CompensationRequested(
-                    saga_id=detection.saga_id, reason="deadlock_victim", requested_by="deadlock-detector",
-                    at_ms=now_ms, cause=cause))
-            await send(topics.wait_edges, event.key, detection)
-            await send(topics.agent_inbox, detection.victim.encode(), detection)
+        for detection in await on_edge(graph, event.key, edge, now_ms, cause, routes, send):
             app.log.warning("deadlock %s: victim %s, cycle %s", detection.detection_id, detection.victim,
                             " -> ".join(detection.cycle))
         save_graph(event.key, graph, edges_before, cancelled_before)
@@ -356,23 +339,13 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
 
     async def handle_saga(event: Any, record: Record, cause: Cause, now_ms: int) -> None:
         """Decide one saga message: an agent's step or abort, or an answer to the saga's own agent."""
-        saga_id = (event.key or b"").decode("utf-8", errors="replace")
-        if not saga_id.startswith(SAGA_PREFIX) or getattr(record, "saga_id", saga_id) != saga_id:
-            await reject(event, cause, ContractError(
-                "key_mismatch", f"saga messages are keyed by a saga id starting with {SAGA_PREFIX!r}; "
-                                f"got {event.key!r} for {type(record).__name__}"), SAGA_PROCESSOR)
+        problem = saga_key_problem(event.key, record)
+        if problem is not None:
+            await reject(event, cause, problem, SAGA_PROCESSOR)
             return
+        saga_id = event.key.decode()
         saga = sagas.get(event.key) or Saga(saga_id)
-        outputs = saga_core.decide(saga, record, now_ms, cause)  # type: ignore[arg-type]
-        saga_core.evolve(saga, record)
-        for output in outputs:
-            saga_core.evolve(saga, output)
-            if isinstance(output, LockRequested | LockReleaseRequested | ToolIntent):
-                await send(topics.resource_commands, output.resource.encode(), output)
-            else:
-                await send(topics.saga_events, event.key, output)
-                if isinstance(output, SagaFinished) and saga.agent_id:
-                    await send(topics.agent_inbox, saga.agent_id.encode(), output)
+        await on_saga(saga, event.key, record, now_ms, cause, routes, send)
         sagas[event.key] = saga
 
     processor(commands, RESOURCE_PROCESSOR, handle)

@@ -27,11 +27,16 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from arbiter.contract import Cause, DeadlockDetected, LockRevokeRequested, WaitEdgeAdded, WaitEdgeRemoved
 
 GraphEvent = WaitEdgeAdded | WaitEdgeRemoved | DeadlockDetected
+VictimPolicy = Literal["priority", "youngest", "oldest"]
+"""How a cycle's victim is chosen. ``priority`` (the default): lowest priority, then
+youngest, then smallest agent id. ``youngest``/``oldest`` ignore priority (what-if
+replays compare them)."""
+VICTIM_POLICIES: tuple[VictimPolicy, ...] = ("priority", "youngest", "oldest")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +131,17 @@ def _path(graph: WaitGraph, start: str, goal: str) -> list[Edge] | None:
     return None
 
 
-def _victim(cycle: list[Edge]) -> Edge:
-    """The edge whose waiter loses: lowest priority, then youngest, then smallest id."""
+def _victim(cycle: list[Edge], policy: VictimPolicy = "priority") -> Edge:
+    """The edge whose waiter loses under ``policy`` (ties: smallest agent id)."""
+    if policy == "youngest":
+        return min(cycle, key=lambda e: (-e.waiter_registered_at_ms, e.waiter))
+    if policy == "oldest":
+        return min(cycle, key=lambda e: (e.waiter_registered_at_ms, e.waiter))
     return min(cycle, key=lambda e: (e.waiter_priority, -e.waiter_registered_at_ms, e.waiter))
 
 
-def detect(graph: WaitGraph, added: WaitEdgeAdded, now_ms: int, cause: Cause) -> list[DeadlockDetected]:
+def detect(graph: WaitGraph, added: WaitEdgeAdded, now_ms: int, cause: Cause,
+           victim_policy: VictimPolicy = "priority") -> list[DeadlockDetected]:
     """The deadlocks ``added`` closes, one victim each. Does not change ``graph``."""
     if added.edge_id in graph.edges or added.edge_id in graph.cancelled:
         return []  # seen before: no second effect
@@ -148,7 +158,7 @@ def detect(graph: WaitGraph, added: WaitEdgeAdded, now_ms: int, cause: Cause) ->
             path = None if rest is None else [new, *rest]
         if path is None:
             break
-        victim = _victim(path)
+        victim = _victim(path, victim_policy)
         start = path.index(victim)
         ordered = path[start:] + path[:start]  # the victim's own wait first
         waited_on = victim.holder

@@ -94,3 +94,17 @@ def workers(kafka_settings: Settings) -> Iterator[WorkerPool]:
     pool = WorkerPool(kafka_settings)
     yield pool
     pool.stop()
+
+
+async def assert_clean_audit(settings: Settings, archive: Path | None = None) -> dict[str, object]:
+    """Audit the test's whole log: zero violations, nothing left open. Optionally keep an archive."""
+    from arbiter.audit import audit
+    from arbiter.audit.log import read_log, write_archive
+
+    log = await read_log(settings)
+    if archive is not None:
+        write_archive(archive, log)
+    report = await audit(log, settings)
+    problems = [f"{f['check']}: {f['message']} at {f['where']}" for f in report["findings"]]
+    assert report["verdict"] == "pass" and not problems, "\n".join(problems)
+    return report

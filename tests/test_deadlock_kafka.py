@@ -20,7 +20,7 @@ from arbiter.settings import Settings
 from arbiter.topics import ensure_topics
 from tools.ledger import Ledger
 
-from .conftest import fresh_postgres_schema, isolated_settings
+from .conftest import assert_clean_audit, fresh_postgres_schema, isolated_settings
 
 pytestmark = pytest.mark.kafka
 
@@ -129,6 +129,7 @@ async def test_ring_of_sagas_victim_is_compensated_and_the_others_finish(bootstr
         aborts = [r async for _o, key, r in read_partition(settings, settings.topics.saga_commands, partition)
                   if key == detection.saga_id.encode() and isinstance(r, CompensationRequested)]
         assert "deadlock-detector" in {a.requested_by for a in aborts}, "the detector starts the compensation"
+        await assert_clean_audit(settings, tmp_path / "ring.log")
     finally:
         pool.stop()
         ledger.close()

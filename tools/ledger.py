@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -347,3 +347,14 @@ def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
             return {"document": doc_id, "revision": revision + 1}
 
         return await _once(ledger, call, "commit", apply)
+
+
+def ledger_tool_registry() -> ToolRegistry:
+    """The ledger's tools with their names and argument schemas, bound to no database.
+
+    For audit replay, which checks intents against the real schemas but takes each
+    run's outcome from the log. Running one of these tools fails.
+    """
+    registry = ToolRegistry()
+    register_ledger_tools(registry, cast(Ledger, None))
+    return registry

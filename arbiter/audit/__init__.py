@@ -1,0 +1,166 @@
+"""Audit and replay: rebuild, verify and explain everything from the event log.
+
+``audit(log, settings)`` replays every recorded input through the processors' own
+code (``replay``), compares the re-derived decisions with the recorded ones, runs
+the independent invariant checks (``checks``) and returns one JSON-friendly report,
+which the terminal summary, ``--json`` and the HTML page (``html``) all render.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..contract import (
+    Compensated,
+    DeadlockDetected,
+    LockCancelled,
+    LockExpired,
+    LockGranted,
+    LockQueued,
+    LockReleased,
+    LockRenewed,
+    LockRevoked,
+    LockWaitTimedOut,
+    SagaFinished,
+    SagaStep,
+    ToolApplied,
+    ToolRejected,
+)
+from ..settings import Settings
+from .checks import (
+    CHECKS,
+    Findings,
+    check_cycles,
+    check_determinism,
+    check_leases_and_writes,
+    check_outcomes,
+    check_sagas,
+    summarize,
+)
+from .log import Log, identity
+from .replay import rederive
+
+__all__ = ["audit", "timeline"]
+
+
+async def audit(log: Log, settings: Settings, *, complete: bool = True,
+                progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Everything audit knows about ``log``: verdict, checks, findings, figures and timeline.
+
+    ``complete=False`` (a log cut short, e.g. by Ctrl-C) reports unfinished work as
+    open items; ``complete=True`` counts it as violations too.
+    """
+    started = time.perf_counter()
+    _engine, decided = await rederive(log, settings, progress=progress)
+    replayed = time.perf_counter()
+    findings = Findings()
+    stats: dict[str, int] = {"messages": len(log)}
+    stats |= check_determinism(log, settings, decided, findings)
+    stats |= check_leases_and_writes(log, settings, findings)
+    stats |= check_outcomes(log, settings, findings)
+    stats |= check_sagas(log, settings, findings)
+    stats |= check_cycles(log, settings, findings)
+    checked = time.perf_counter()
+    if complete:
+        findings.items = [f if f.severity == "violation" or f.check == "determinism"
+                          else type(f)(f.check, "violation", f.message, f.where, f.resource, f.at_ms)
+                          for f in findings.items]
+    table = summarize(findings)
+    verdict = "fail" if any(row["violations"] for row in table.values()) else "pass"
+    ordered = sorted(findings.items, key=lambda f: (f.severity != "violation", f.check, f.where))
+    return {
+        "verdict": verdict,
+        "source": log.source,
+        "complete": complete,
+        "messages": len(log),
+        "span_ms": list(log.span_ms()),
+        "checks": {name: {"description": CHECKS[name], **table[name]} for name in CHECKS},
+        "stats": stats,
+        "timing": {"replay_s": round(replayed - started, 4), "checks_s": round(checked - replayed, 4)},
+        "findings": [f.to_dict() for f in ordered],
+        "timeline": timeline(log, settings),
+    }
+
+
+def timeline(log: Log, settings: Settings) -> dict[str, Any]:
+    """Leases, waits, writes and rejections per resource, deadlocks and sagas, for the HTML page."""
+    start, end = log.span_ms()
+    resources: dict[str, dict[str, Any]] = {}
+    open_leases: dict[tuple[str, int], dict[str, Any]] = {}
+    open_waits: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def lane(resource: str) -> dict[str, Any]:
+        return resources.setdefault(resource, {"resource": resource, "leases": [], "waits": [], "rejections": [],
+                                               "writes": []})
+
+    seen: set[tuple[str, str]] = set()
+    for entry in log.of(settings.topics.resource_events):
+        e = entry.record
+        if e is None or identity(e) in seen:
+            continue  # redelivered copies draw once
+        seen.add(identity(e))
+        if isinstance(e, LockQueued):
+            wait = {"agent": e.agent_id, "start_ms": e.decided_at_ms, "end_ms": end, "end": "open"}
+            lane(e.resource)["waits"].append(wait)
+            open_waits[e.resource, e.request_id] = wait
+        elif isinstance(e, LockGranted):
+            lease = {"agent": e.agent_id, "token": e.token, "mode": e.mode, "start_ms": e.decided_at_ms,
+                     "end_ms": max(end, e.decided_at_ms), "end": "open", "where": entry.where}
+            lane(e.resource)["leases"].append(lease)
+            open_leases[e.resource, e.token] = lease
+            _close(open_waits.pop((e.resource, e.request_id), None), e.decided_at_ms, "granted")
+        elif isinstance(e, LockRenewed):
+            continue
+        elif isinstance(e, LockReleased | LockExpired | LockRevoked):
+            how = {LockReleased: "released", LockExpired: "expired", LockRevoked: "revoked"}[type(e)]
+            moment = e.expired_at_ms if isinstance(e, LockExpired) else e.decided_at_ms
+            _close(open_leases.pop((e.resource, e.token), None), moment, how)
+        elif isinstance(e, LockCancelled | LockWaitTimedOut):
+            how = "cancelled" if isinstance(e, LockCancelled) else "timed_out"
+            _close(open_waits.pop((e.resource, e.request_id), None), e.decided_at_ms, how)
+        elif isinstance(e, ToolApplied):
+            lane(e.resource)["writes"].append({"agent": e.agent_id, "at_ms": e.decided_at_ms, "version": e.version,
+                                               "tool": e.tool, "where": entry.where})
+        elif isinstance(e, ToolRejected):
+            token = _intent_token(log, e)
+            lane(e.resource)["rejections"].append({"agent": e.agent_id, "at_ms": e.decided_at_ms,
+                                                   "reason": e.reason, "token": token, "where": entry.where})
+    deadlocks = [{"at_ms": e.record.decided_at_ms, "victim": e.record.victim, "cycle": list(e.record.cycle),
+                  "where": e.where}
+                 for e in log.of(settings.topics.wait_edges) if isinstance(e.record, DeadlockDetected)]
+    return {"start_ms": start, "end_ms": end, "resources": [resources[r] for r in sorted(resources)],
+            "deadlocks": deadlocks, "sagas": _sagas(log, settings, end)}
+
+
+def _close(item: dict[str, Any] | None, at_ms: int, how: str) -> None:
+    if item is not None:
+        item["end_ms"], item["end"] = at_ms, how
+
+
+def _intent_token(log: Log, event: ToolRejected) -> int | None:
+    found = log.find(event.cause.topic, event.cause.partition, event.cause.offset)
+    return getattr(found.record, "token", None) if found is not None else None
+
+
+def _sagas(log: Log, settings: Settings, end: int) -> list[dict[str, Any]]:
+    sagas: dict[str, dict[str, Any]] = {}
+    for entry in log.of(settings.topics.saga_commands):
+        r = entry.record
+        if isinstance(r, SagaStep):
+            saga = sagas.setdefault(r.saga_id, {"saga_id": r.saga_id, "agent": r.agent_id,
+                                                "start_ms": entry.timestamp_ms, "end_ms": end, "outcome": "open",
+                                                "steps": set(), "compensations": []})
+            if r.status != "saga_completed":
+                saga["steps"].add(r.step)
+    for entry in log.of(settings.topics.saga_events):
+        r = entry.record
+        found = sagas.get(getattr(r, "saga_id", ""))
+        if found is None:
+            continue
+        if isinstance(r, Compensated) and all(c["step"] != r.step for c in found["compensations"]):
+            found["compensations"].append({"step": r.step, "at_ms": r.at_ms})
+        elif isinstance(r, SagaFinished) and found["outcome"] == "open":
+            found["outcome"], found["end_ms"] = r.outcome, r.at_ms
+    return [{**s, "steps": len(s["steps"])} for _, s in sorted(sagas.items())]

@@ -1,0 +1,449 @@
+"""The safety rules audit verifies, each checked from the recorded log.
+
+Two kinds of check:
+
+- **determinism** compares what the replay re-derives (``replay.rederive``) with what
+  the log recorded, decision by decision, grouped by the input that caused it;
+- the **invariants** read only the recorded decisions and share no code with the
+  processors, so a bug in a decision core cannot hide itself, and a forged or edited
+  decision in the log is caught even where it is self-consistent.
+
+Every finding names the log positions (``topic[partition]@offset``) that prove it.
+A finding is a ``violation`` (a rule was broken) or ``open`` (unfinished work at the
+end of the log: a saga still running, a request still queued; a violation only when
+the log is meant to be complete).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..contract import (
+    DeadLetter,
+    DeadlockDetected,
+    LockCancelled,
+    LockDenied,
+    LockExpired,
+    LockGranted,
+    LockQueued,
+    LockReleased,
+    LockRequested,
+    LockRevoked,
+    LockWaitTimedOut,
+    Record,
+    SagaFinished,
+    SagaStep,
+    ToolApplied,
+    ToolIntent,
+    ToolRejected,
+    WaitEdgeAdded,
+    WaitEdgeRemoved,
+)
+from ..settings import Settings
+from .log import Entry, Log, identity
+from .replay import DEAD_LETTER, Output
+
+CHECKS: dict[str, str] = {
+    "determinism": "re-derived decisions equal the recorded ones",
+    "mutual_exclusion": "no overlapping exclusive grants on any resource",
+    "monotonic_tokens": "per resource, tokens strictly increase",
+    "fenced_writes": "no accepted write with a stale or dead-lease token",
+    "fresh_bases": "no accepted commit on a stale base version",
+    "sagas_finished": "every saga ended COMPLETED or COMPENSATED",
+    "cycles_resolved": "every wait-for cycle was resolved by a detection",
+    "one_outcome": "every command got exactly one final outcome",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One broken rule (or unfinished piece of work), with the positions that prove it."""
+
+    check: str
+    severity: str
+    message: str
+    where: tuple[str, ...]
+    resource: str | None = None
+    at_ms: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form."""
+        data = asdict(self)
+        data["where"] = list(self.where)
+        return data
+
+
+@dataclass
+class Findings:
+    """Findings collected by the checks."""
+
+    items: list[Finding] = field(default_factory=list)
+
+    def add(self, check: str, message: str, where: Iterable[Entry | str], *, open_: bool = False,
+            resource: str | None = None, at_ms: int | None = None) -> None:
+        """Record a finding."""
+        positions = tuple(w.where if isinstance(w, Entry) else w for w in where)
+        self.items.append(Finding(check, "open" if open_ else "violation", message, positions, resource, at_ms))
+
+
+_Group = tuple[tuple[str, int, int], str, bytes]
+
+
+def _cause_of(record: Record) -> tuple[str, int, int] | None:
+    cause = getattr(record, "cause", None)
+    if cause is None:
+        return None
+    return cause.topic, cause.partition, cause.offset
+
+
+def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]]],
+                      findings: Findings) -> dict[str, int]:
+    """Compare re-derived decisions with the recorded ones, per input and key."""
+    topics = settings.topics
+    decision_topics = {topics.resource_events, topics.saga_events, topics.wait_edges}
+    recorded: dict[_Group, list[Entry]] = defaultdict(list)
+    reached: dict[tuple[str, int], int] = {}
+    for topic in (topics.resource_events, topics.saga_events, topics.wait_edges):
+        for entry in log.of(topic):
+            record = entry.record
+            if record is None or (topic == topics.wait_edges and not isinstance(record, DeadlockDetected)):
+                continue
+            cause = _cause_of(record)
+            if cause is None:
+                continue
+            recorded[cause, topic, entry.key or b""].append(entry)
+            tp = cause[0], cause[1]
+            reached[tp] = max(reached.get(tp, -1), cause[2])
+    lettered = {(e.record.source.topic, e.record.source.partition, e.record.source.offset)
+                for e in log.of(topics.dead_letter) if isinstance(e.record, DeadLetter)}
+    by_position = {(e.topic, e.partition, e.offset): e for e, _ in decided}
+    derived: dict[_Group, list[Record]] = defaultdict(list)
+    stats = {"inputs": len(decided), "decisions": 0, "redelivered": 0, "dead_lettered": 0}
+    for entry, outputs in decided:
+        position = entry.topic, entry.partition, entry.offset
+        for topic, key, record in outputs:
+            if topic == DEAD_LETTER:
+                stats["dead_lettered"] += 1
+                if position not in lettered and entry.offset <= reached.get((entry.topic, entry.partition), -1):
+                    findings.add("determinism", "this input should have been dead-lettered, and the dead-letter "
+                                 "topic has no letter for it", [entry])
+            elif topic in decision_topics and (topic != topics.wait_edges or isinstance(record, DeadlockDetected)):
+                derived[position, topic, key].append(record)
+    for group in sorted(set(derived) | set(recorded), key=lambda g: (g[0], g[1], g[2])):
+        position, _topic, key = group
+        want, got = derived.get(group, []), recorded.get(group, [])
+        source = by_position.get(position)
+        resource = key.decode("utf-8", errors="replace")
+        stats["decisions"] += len(want)
+        if not got:
+            tail = position[2] > reached.get((position[0], position[1]), -1)
+            findings.add("determinism", f"the replay decides {len(want)} event(s) here ({_names(want)}) but the log "
+                         "recorded none" + (": not yet processed when the log was read" if tail else ""),
+                         [source] if source else [], open_=tail, resource=resource)
+            continue
+        if not want:
+            findings.add("determinism", f"recorded {_names([e.record for e in got])} has no cause in the replay: "
+                         f"its input at {position[0]}[{position[1]}]@{position[2]} decides nothing of the kind "
+                         "(forged, or decided by different code)", got, resource=resource)
+            continue
+        records = [e.record for e in got]
+        copies, rest = divmod(len(records), len(want))
+        if rest == 0 and records == want * copies:
+            stats["redelivered"] += copies - 1
+            continue
+        index = next((i for i, (a, b) in enumerate(zip(records, want * max(1, copies), strict=False)) if a != b),
+                     min(len(records), len(want)))
+        bad = got[min(index, len(got) - 1)]
+        findings.add("determinism", f"the log recorded {_names(records)} but the replay decides {_names(want)}; "
+                     f"first difference at event {index + 1}", [bad, *([source] if source else [])],
+                     resource=resource)
+    return stats
+
+
+def _names(records: Iterable[Record | None]) -> str:
+    names = [type(r).__name__ for r in records]
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+@dataclass
+class _LeaseView:
+    agent_id: str
+    mode: str
+    expires_at_ms: int
+    entry: Entry
+    ended: bool = False
+
+
+def check_leases_and_writes(log: Log, settings: Settings, findings: Findings) -> dict[str, int]:
+    """Mutual exclusion, monotonic tokens, fenced writes and fresh bases, from recorded events only."""
+    stats = {"grants": 0, "writes": 0, "rejected_writes": 0, "expiries": 0, "revocations": 0}
+    leases: dict[str, dict[int, _LeaseView]] = defaultdict(dict)
+    high: dict[str, tuple[int, Entry]] = {}
+    version: dict[str, tuple[int, str]] = {}
+    seen_grants: set[tuple[str, str]] = set()
+    applied: dict[str, ToolApplied] = {}
+    for entry in log.of(settings.topics.resource_events):
+        event = entry.record
+        if isinstance(event, LockGranted):
+            if identity(event) in seen_grants:
+                continue  # a redelivered copy of the same decision
+            seen_grants.add(identity(event))
+            stats["grants"] += 1
+            r, now = event.resource, event.decided_at_ms
+            top = high.get(r)
+            if top is not None and event.token <= top[0]:
+                findings.add("monotonic_tokens", f"token {event.token} granted to {event.agent_id} after token "
+                             f"{top[0]} on {r}", [entry, top[1]], resource=r, at_ms=now)
+            if top is None or event.token > top[0]:
+                high[r] = (event.token, entry)
+            live = [v for v in leases[r].values() if not v.ended and v.expires_at_ms > now]
+            clash = [v for v in live if v.mode == "exclusive" or event.mode == "exclusive"]
+            for other in clash:
+                findings.add("mutual_exclusion", f"{event.mode} grant to {event.agent_id} (token {event.token}) "
+                             f"while {other.agent_id} holds a live {other.mode} lease on {r}",
+                             [entry, other.entry], resource=r, at_ms=now)
+            leases[r][event.token] = _LeaseView(event.agent_id, event.mode, event.expires_at_ms, entry)
+        elif isinstance(event, LockReleased | LockExpired | LockRevoked):
+            lease = leases[event.resource].get(event.token)
+            if lease is not None and not lease.ended:
+                lease.ended = True
+                stats["expiries"] += isinstance(event, LockExpired)
+                stats["revocations"] += isinstance(event, LockRevoked)
+        elif type(event).__name__ == "LockRenewed":
+            lease = leases[event.resource].get(event.token)  # type: ignore[union-attr]
+            if lease is not None:
+                lease.expires_at_ms = event.expires_at_ms  # type: ignore[union-attr]
+        elif isinstance(event, ToolApplied):
+            if applied.get(event.intent_id) == event:
+                continue  # redelivered copy
+            _check_write(log, entry, event, leases, high, version, applied, findings)
+            stats["writes"] += 1
+        elif isinstance(event, ToolRejected):
+            stats["rejected_writes"] += 1
+    return stats
+
+
+def _check_write(log: Log, entry: Entry, event: ToolApplied, leases: dict[str, dict[int, _LeaseView]],
+                 high: dict[str, tuple[int, Entry]], version: dict[str, tuple[int, str]],
+                 applied: dict[str, ToolApplied], findings: Findings) -> None:
+    r, now = event.resource, event.decided_at_ms
+    if event.intent_id in applied:
+        findings.add("one_outcome", f"intent {event.intent_id} applied twice", [entry], resource=r, at_ms=now)
+    applied[event.intent_id] = event
+    if event.token is not None:
+        lease = leases[r].get(event.token)
+        top = high.get(r)
+        if top is not None and event.token < top[0]:
+            findings.add("fenced_writes", f"write by {event.agent_id} accepted with stale token {event.token} "
+                         f"(token {top[0]} was already granted)", [entry, top[1]], resource=r, at_ms=now)
+        elif lease is None:
+            findings.add("fenced_writes", f"write by {event.agent_id} accepted with token {event.token}, which "
+                         f"was never granted on {r}", [entry], resource=r, at_ms=now)
+        elif lease.ended or lease.expires_at_ms <= now:
+            findings.add("fenced_writes", f"write by {event.agent_id} accepted with token {event.token} after "
+                         "that lease " + ("ended" if lease.ended else "expired"), [entry, lease.entry],
+                         resource=r, at_ms=now)
+        elif lease.agent_id != event.agent_id:
+            findings.add("fenced_writes", f"write by {event.agent_id} accepted with {lease.agent_id}'s token "
+                         f"{event.token}", [entry, lease.entry], resource=r, at_ms=now)
+    previous_version, previous_hash = version.get(r, (0, "0" * 32))
+    intent = _intent_of(log, event)
+    stale = event.version != previous_version + 1
+    if intent is not None:
+        stale |= intent.base_version is not None and intent.base_version != previous_version
+        stale |= intent.base_hash is not None and intent.base_hash != previous_hash
+    if stale:
+        base = intent.base_version if intent is not None else None
+        findings.add("fresh_bases", f"write by {event.agent_id} accepted as version {event.version} on base "
+                     f"{base if base is not None else '?'} while {r} was at version {previous_version}",
+                     [entry], resource=r, at_ms=now)
+    version[r] = (max(previous_version, event.version), event.content_hash)
+
+
+def _intent_of(log: Log, event: ToolApplied) -> ToolIntent | None:
+    cause = event.cause
+    found = log.find(cause.topic, cause.partition, cause.offset)
+    record = found.record if found else None
+    return record if isinstance(record, ToolIntent) and record.intent_id == event.intent_id else None
+
+
+_FINAL = (LockGranted, LockDenied, LockCancelled, LockWaitTimedOut)
+
+
+def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str, int]:
+    """Every acquire and every intent got exactly one final outcome."""
+    topics = settings.topics
+    finals: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
+    final_at: dict[tuple[str, str], Entry] = {}
+    queued: set[tuple[str, str]] = set()
+    outcomes: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    outcome_at: dict[str, Entry] = {}
+    for entry in log.of(topics.resource_events):
+        e = entry.record
+        if isinstance(e, _FINAL):
+            finals[e.resource, e.request_id].add(identity(e))
+            final_at.setdefault((e.resource, e.request_id), entry)
+        elif isinstance(e, LockQueued):
+            queued.add((e.resource, e.request_id))
+        elif isinstance(e, ToolApplied | ToolRejected):
+            outcomes[e.intent_id].add(identity(e))
+            outcome_at.setdefault(e.intent_id, entry)
+    last_processed = _last_processed(log, settings)
+    asked: set[tuple[str, str]] = set()
+    asked_intents: set[str] = set()
+    stats = {"acquires": 0, "intents": 0}
+    for entry in log.of(topics.resource_commands):
+        c = entry.record
+        processed = entry.offset <= last_processed.get(entry.partition, -1)
+        if isinstance(c, LockRequested) and entry.key == c.resource.encode():
+            ident = c.resource, c.request_id
+            if ident in asked:
+                continue
+            asked.add(ident)
+            stats["acquires"] += 1
+            got = finals.get(ident, set())
+            if len(got) > 1:
+                findings.add("one_outcome", f"request {c.request_id} of {c.agent_id} got {len(got)} final outcomes: "
+                             f"{', '.join(sorted(name for name, _ in got))}", [entry, final_at[ident]],
+                             resource=c.resource)
+            elif not got:
+                still = ident in queued
+                findings.add("one_outcome", f"request {c.request_id} of {c.agent_id} "
+                             + ("is still queued" if still else "got no answer"), [entry],
+                             open_=still or not processed, resource=c.resource)
+        elif isinstance(c, ToolIntent) and entry.key == c.resource.encode():
+            if c.intent_id in asked_intents:
+                continue
+            asked_intents.add(c.intent_id)
+            stats["intents"] += 1
+            answers = outcomes.get(c.intent_id, set())
+            if len(answers) > 1:
+                findings.add("one_outcome", f"intent {c.intent_id} got {len(answers)} different outcomes",
+                             [entry, outcome_at[c.intent_id]], resource=c.resource)
+            elif not answers:
+                findings.add("one_outcome", f"intent {c.intent_id} of {c.agent_id} got no outcome", [entry],
+                             open_=not processed, resource=c.resource)
+    return stats
+
+
+def _last_processed(log: Log, settings: Settings) -> dict[int, int]:
+    """Per command partition, the highest command offset any recorded decision names as its cause."""
+    last: dict[int, int] = {}
+    commands = settings.topics.resource_commands
+    for entry in log.of(settings.topics.resource_events):
+        cause = getattr(entry.record, "cause", None)
+        if cause is not None and cause.topic == commands:
+            last[cause.partition] = max(last.get(cause.partition, -1), cause.offset)
+    return last
+
+
+def check_sagas(log: Log, settings: Settings, findings: Findings) -> dict[str, int]:
+    """Every saga finished COMPLETED or COMPENSATED, once."""
+    started: dict[str, Entry] = {}
+    for entry in log.of(settings.topics.saga_commands):
+        if isinstance(entry.record, SagaStep):
+            started.setdefault(entry.record.saga_id, entry)
+    finished: dict[str, set[str]] = defaultdict(set)
+    finished_at: dict[str, Entry] = {}
+    compensations = 0
+    for entry in log.of(settings.topics.saga_events):
+        record = entry.record
+        if isinstance(record, SagaFinished):
+            finished[record.saga_id].add(record.outcome)
+            finished_at.setdefault(record.saga_id, entry)
+        elif type(record).__name__ == "Compensated":
+            compensations += 1
+    for saga_id, entry in sorted(started.items()):
+        outcomes = finished.get(saga_id, set())
+        if not outcomes:
+            findings.add("sagas_finished", f"saga {saga_id} never finished", [entry], open_=True)
+        elif len(outcomes) > 1 or not outcomes <= {"COMPLETED", "COMPENSATED"}:
+            findings.add("sagas_finished", f"saga {saga_id} finished as {sorted(outcomes)}",
+                         [finished_at[saga_id]])
+    return {"sagas": len(started), "compensated_steps": compensations,
+            "sagas_compensated": sum(1 for o in finished.values() if "COMPENSATED" in o)}
+
+
+def check_cycles(log: Log, settings: Settings, findings: Findings) -> dict[str, int]:
+    """Every cycle the recorded edges closed got a detection that broke it."""
+    deadlocks = 0
+    for (topic, _partition), entries in sorted(log.partitions.items()):
+        if topic != settings.topics.wait_edges:
+            continue
+        graphs: dict[bytes, _Graph] = defaultdict(_Graph)
+        for entry in entries:
+            record = entry.record
+            graph = graphs[entry.key or b""]
+            if isinstance(record, WaitEdgeAdded):
+                if graph.add(record) and graph.reaches(record.holder, record.waiter):
+                    graph.pending[entry.where] = entry
+            elif isinstance(record, WaitEdgeRemoved):
+                graph.remove(record.edge_id)
+            elif isinstance(record, DeadlockDetected):
+                deadlocks += 1
+                graph.cancel(record.victim)
+                cause = record.cause
+                graph.pending.pop(f"{cause.topic}[{cause.partition}]@{cause.offset}", None)
+            for where, closing in list(graph.pending.items()):
+                if closing is not entry and not graph.has_cycle():
+                    findings.add("cycles_resolved", "a wait-for cycle closed here was broken without a "
+                                 "deadlock detection (a timeout or a release cut it)", [closing, entry])
+                    del graph.pending[where]
+        for graph in graphs.values():
+            for closing in graph.pending.values():
+                findings.add("cycles_resolved", "a wait-for cycle closed here is still unresolved at the end "
+                             "of the log", [closing])
+    return {"deadlocks": deadlocks}
+
+
+@dataclass
+class _Graph:
+    """A plain wait-for graph, independent of ``streams.waitgraph``."""
+
+    edges: dict[str, tuple[str, str]] = field(default_factory=dict)
+    cancelled: set[str] = field(default_factory=set)
+    pending: dict[str, Entry] = field(default_factory=dict)
+
+    def add(self, edge: WaitEdgeAdded) -> bool:
+        if edge.edge_id in self.cancelled or edge.edge_id in self.edges:
+            return False
+        self.edges[edge.edge_id] = (edge.waiter, edge.holder)
+        return True
+
+    def remove(self, edge_id: str) -> None:
+        self.edges.pop(edge_id, None)
+
+    def cancel(self, victim: str) -> None:
+        for edge_id, (waiter, _holder) in list(self.edges.items()):
+            if waiter == victim:
+                del self.edges[edge_id]
+                self.cancelled.add(edge_id)
+
+    def reaches(self, start: str, goal: str) -> bool:
+        out: dict[str, set[str]] = defaultdict(set)
+        for waiter, holder in self.edges.values():
+            out[waiter].add(holder)
+        seen, todo = {start}, [start]
+        while todo:
+            node = todo.pop()
+            if node == goal:
+                return True
+            for nxt in out[node] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return False
+
+    def has_cycle(self) -> bool:
+        return any(self.reaches(holder, waiter) for waiter, holder in self.edges.values())
+
+
+def summarize(findings: Findings) -> dict[str, dict[str, int]]:
+    """Per check: violations and open items."""
+    table = {name: {"violations": 0, "open": 0} for name in CHECKS}
+    for f in findings.items:
+        table[f.check]["violations" if f.severity == "violation" else "open"] += 1
+    return table
+

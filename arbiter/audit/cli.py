@@ -1,0 +1,185 @@
+"""``arbiter audit``, ``arbiter replay`` and ``arbiter log``: the log, read back and judged."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from ..settings import Settings
+from .log import Log, load_archive, read_log, write_archive
+
+
+def _fail(message: str) -> NoReturn:
+    click.secho(f"error: {message}", fg="red", err=True)
+    sys.exit(2)
+
+
+class _Bar:
+    """A progress bar on stderr while the log is read (silent when stderr is not a terminal)."""
+
+    def __init__(self, label: str, quiet: bool) -> None:
+        self.label, self.quiet = label, quiet
+        self.bar: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.quiet:
+            return
+        if self.bar is None:
+            self.bar = click.progressbar(length=max(total, 1), label=self.label, file=sys.stderr,
+                                         show_pos=True)
+            self.bar.__enter__()
+        self.bar.update(done - self.bar.pos)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.render_finish()
+
+
+def load_log(settings: Settings, archive: Path | None, quiet: bool = False) -> Log:
+    """The log from an archive, or read from the broker with a progress bar."""
+    if archive is not None:
+        try:
+            return load_archive(archive)
+        except (OSError, ValueError) as exc:
+            _fail(f"cannot read the archive: {exc}")
+    bar = _Bar("reading the log", quiet)
+    try:
+        return asyncio.run(read_log(settings, bar))
+    except Exception as exc:
+        _fail(f"cannot read the log at {settings.bootstrap}: {type(exc).__name__}: {exc}")
+    finally:
+        bar.close()
+
+
+def _settings_for(ctx: click.Context, log: Log | None = None) -> Settings:
+    from ..cli import _settings
+
+    settings = _settings(ctx)
+    if log is not None:
+        # An archive names the topics and the partition count it was recorded with.
+        settings = settings.model_copy(update={"topics": log.topics,
+                                               "partitions": log.partition_count or settings.partitions})
+    return settings
+
+
+_archive_option = click.option("--log", "archive", type=click.Path(path_type=Path, dir_okay=False, exists=True),
+                               help="Audit an archive written by 'arbiter log export' instead of the live topics.")
+
+
+@click.command()
+@_archive_option
+@click.option("--json", "as_json", is_flag=True, help="Print the whole report as JSON on stdout.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Also write a self-contained HTML report (timeline, findings) to this file.")
+@click.option("--partial", is_flag=True, help="The log was cut short (Ctrl-C): report unfinished sagas and "
+              "requests as open items, not violations.")
+@click.pass_context
+def audit(ctx: click.Context, archive: Path | None, as_json: bool, html_path: Path | None, partial: bool) -> None:
+    """Replay the whole log and check every safety rule. Exit 1 on any violation."""
+    from . import audit as run_audit
+
+    settings = _settings_for(ctx)
+    log = load_log(settings, archive, quiet=as_json)
+    settings = _settings_for(ctx, log)
+    report = asyncio.run(run_audit(log, settings, complete=not partial))
+    if html_path is not None:
+        from .html import render
+
+        html_path.parent.mkdir(parents=True, exist_ok=True)
+        html_path.write_text(render(report), encoding="utf-8")
+    if as_json:
+        click.echo(json.dumps(report, sort_keys=True))
+    else:
+        print_summary(report, html_path)
+    sys.exit(0 if report["verdict"] == "pass" else 1)
+
+
+def print_summary(report: dict[str, Any], html_path: Path | None = None, limit: int = 20) -> None:
+    """The terminal summary of an audit report."""
+    stats = report["stats"]
+    start, end = report["span_ms"]
+    click.echo(f"audit of {report['source']}: {report['messages']} messages over {(end - start) / 1000:.1f} s")
+    click.echo(f"  replayed {stats.get('inputs', 0)} inputs into {stats.get('decisions', 0)} decisions "
+               f"in {report['timing']['replay_s']:.2f} s; {stats.get('redelivered', 0)} redelivered copies")
+    click.echo(f"  grants {stats.get('grants', 0)}, writes applied {stats.get('writes', 0)}, rejected "
+               f"{stats.get('rejected_writes', 0)}, expiries {stats.get('expiries', 0)}, deadlocks "
+               f"{stats.get('deadlocks', 0)}, sagas {stats.get('sagas', 0)} "
+               f"({stats.get('sagas_compensated', 0)} compensated)")
+    for name, row in report["checks"].items():
+        ok = row["violations"] == 0
+        mark = click.style("ok  " if ok else "FAIL", fg="green" if ok else "red", bold=not ok)
+        extra = f"  ({row['open']} open)" if row["open"] else ""
+        bad = f"  {row['violations']} violation(s)" if row["violations"] else ""
+        click.echo(f"  {mark} {name:<17} {row['description']}{bad}{extra}")
+    findings = report["findings"]
+    for finding in findings[:limit]:
+        colour = "red" if finding["severity"] == "violation" else "yellow"
+        click.secho(f"  {finding['severity']}: [{finding['check']}] {finding['message']}", fg=colour)
+        click.echo(f"      at {', '.join(finding['where']) or 'end of log'}")
+    if len(findings) > limit:
+        click.echo(f"  ... and {len(findings) - limit} more (see --json or --html)")
+    verdict = report["verdict"] == "pass"
+    click.secho("verdict: " + ("PASS: no safety rule was broken" if verdict else "FAIL: safety rules were broken"),
+                fg="green" if verdict else "red", bold=True)
+    if html_path is not None:
+        click.echo(f"report: {html_path.resolve()}")
+
+
+@click.command()
+@_archive_option
+@click.option("--at", "at", help="State at a moment: ISO time, epoch ms, +<seconds>s after the log's start, or "
+              "topic[partition]@offset.")
+@click.option("--policy", help="What-if: re-run the agents' commands under other rules, e.g. ttl=30s,victim=youngest "
+              "(victim: priority | youngest | oldest).")
+@click.pass_context
+def replay(ctx: click.Context, archive: Path | None, at: str | None, policy: str | None) -> None:
+    """Time travel (--at) and what-if (--policy) over the recorded log. Prints JSON."""
+    from .replay import Moment, Policy, parse_moment, state_at
+
+    if (at is None) == (policy is None):
+        _fail("give exactly one of --at or --policy")
+    parsed_policy: Policy | None = None
+    if policy is not None:
+        try:
+            parsed_policy = Policy.parse(policy)
+        except ValueError as exc:
+            _fail(str(exc))
+    settings = _settings_for(ctx)
+    log = load_log(settings, archive, quiet=True)
+    settings = _settings_for(ctx, log)
+    if at is not None:
+        try:
+            moment: Moment = parse_moment(at, log)
+        except ValueError as exc:
+            _fail(str(exc))
+        click.echo(json.dumps(asyncio.run(state_at(log, settings, moment)), sort_keys=True, indent=2))
+        return
+    assert parsed_policy is not None
+    from .whatif import compare
+
+    click.echo(json.dumps(asyncio.run(compare(log, settings, parsed_policy)), sort_keys=True, indent=2))
+
+
+@click.group("log")
+def log_group() -> None:
+    """Export Arbiter's log to a portable archive (audit it later, anywhere, with --log)."""
+
+
+@log_group.command("export")
+@click.argument("path", type=click.Path(path_type=Path, dir_okay=False))
+@click.pass_context
+def log_export(ctx: click.Context, path: Path) -> None:
+    """Write every message of every Arbiter topic to PATH, one JSON object per line."""
+    settings = _settings_for(ctx)
+    log = load_log(settings, None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    count = write_archive(path, log)
+    click.echo(f"wrote {count} messages to {path}")
+
+
+COMMANDS = (audit, replay, log_group)

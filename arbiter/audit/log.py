@@ -1,0 +1,238 @@
+"""The log as audit sees it: every message of every Arbiter topic, with its position and time.
+
+Two sources give the same ``Log``: the live topics (``read_log``: read-only, no
+consumer group, nothing committed) and a portable archive (``load_archive``), one
+JSON object per line, decoded, so that a reviewer can read and diff it. Archives are
+how golden histories are kept and how tests tamper with a copy of a log.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from ..contract import MODELS, Cause, ContractError, Record, default_codec
+from ..settings import Settings, Topics
+
+ARCHIVE_FORMAT = "arbiter-log/1"
+_BY_NAME: dict[str, type[Record]] = {cls.__name__: cls for cls in MODELS}
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One message: where it is, when the broker appended it, and what it says."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int
+    key: bytes | None
+    record: Record | None
+    """None when the bytes do not decode (the processors dead-letter those)."""
+    raw: bytes | None = None
+    """The original bytes of a message that does not decode."""
+
+    @property
+    def cause(self) -> Cause:
+        """The ``Cause`` a decision made from this message carries."""
+        return Cause(topic=self.topic, partition=self.partition, offset=self.offset)
+
+    @property
+    def where(self) -> str:
+        """``topic[partition]@offset``: how reports point at a message."""
+        return f"{self.topic}[{self.partition}]@{self.offset}"
+
+
+@dataclass
+class Log:
+    """Every message, per topic partition in offset order."""
+
+    topics: Topics
+    partitions: dict[tuple[str, int], list[Entry]] = field(default_factory=dict)
+    source: str = ""
+    partition_count: int | None = None
+    """Partitions per topic (the processors' partitioner needs it to replay ticks)."""
+
+    def add(self, entry: Entry) -> None:
+        """Append one message to its partition."""
+        self.partitions.setdefault((entry.topic, entry.partition), []).append(entry)
+
+    def of(self, topic: str) -> Iterator[Entry]:
+        """Every message of ``topic``, partition by partition, each in offset order."""
+        for (name, _partition), entries in sorted(self.partitions.items()):
+            if name == topic:
+                yield from entries
+
+    def __len__(self) -> int:
+        return sum(len(entries) for entries in self.partitions.values())
+
+    def entries(self) -> Iterator[Entry]:
+        """Every message, partition by partition."""
+        for _tp, entries in sorted(self.partitions.items()):
+            yield from entries
+
+    def span_ms(self) -> tuple[int, int]:
+        """The first and last append time in the log (0, 0 when empty)."""
+        times = [e.timestamp_ms for e in self.entries()]
+        return (min(times), max(times)) if times else (0, 0)
+
+    def find(self, topic: str, partition: int, offset: int) -> Entry | None:
+        """The message at a position, if the log has it."""
+        for entry in self.partitions.get((topic, partition), []):
+            if entry.offset == offset:
+                return entry
+        return None
+
+
+def identity(record: Record) -> tuple[str, str]:
+    """A hashable identity of a record's whole content (records with lists are unhashable):
+    redelivered copies of one decision share it."""
+    return type(record).__name__, record.model_dump_json()
+
+
+Progress = Callable[[int, int], None]
+"""progress(messages read so far, messages in total)."""
+
+
+async def read_log(settings: Settings, progress: Progress | None = None) -> Log:
+    """Every message on Arbiter's topics, from the beginning to their current end."""
+    codec = default_codec(settings.max_message_bytes)
+    topics = settings.topics
+    log = Log(topics, source=f"kafka://{settings.bootstrap}", partition_count=settings.partitions)
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest", isolation_level="read_committed",
+                                max_partition_fetch_bytes=4 * settings.max_message_bytes)
+    await consumer.start()
+    try:
+        tps: list[TopicPartition] = []
+        for name in topics.all():
+            parts = consumer.partitions_for_topic(name)
+            if parts is None:
+                await consumer._client.force_metadata_update()  # topic created moments ago
+                parts = consumer.partitions_for_topic(name) or set()
+            tps.extend(TopicPartition(name, p) for p in sorted(parts))
+        if not tps:
+            return log
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        starts = await consumer.beginning_offsets(tps)
+        ends = await consumer.end_offsets(tps)
+        total = sum(ends[tp] - starts[tp] for tp in tps)
+        done = 0
+        pending = {tp for tp in tps if ends[tp] > starts[tp]}
+        while pending:
+            batch = await consumer.getmany(*pending, timeout_ms=5000, max_records=10_000)
+            for tp, messages in batch.items():
+                for message in messages:
+                    if message.offset >= ends[tp]:
+                        pending.discard(tp)
+                        break
+                    log.add(_entry(codec, message.topic, message.partition, message.offset, message.timestamp,
+                                   message.key, message.value))
+                    done += 1
+            for tp in list(pending):
+                if await consumer.position(tp) >= ends[tp]:
+                    pending.discard(tp)
+            if progress:
+                progress(done, total)
+    finally:
+        await consumer.stop()
+    return log
+
+
+def _entry(codec: Any, topic: str, partition: int, offset: int, timestamp: int, key: bytes | None,
+           value: bytes | None) -> Entry:
+    try:
+        record: Record | None = codec.decode(value or b"")
+    except ContractError:
+        return Entry(topic, partition, offset, timestamp, key, None, bytes(value or b""))
+    return Entry(topic, partition, offset, timestamp, key, record)
+
+
+# -- archives ------------------------------------------------------------------------
+
+
+def to_line(entry: Entry) -> str:
+    """One archive line (stable key order, so archives diff well)."""
+    row: dict[str, Any] = {
+        "topic": entry.topic, "partition": entry.partition, "offset": entry.offset, "ts": entry.timestamp_ms,
+        "key": None if entry.key is None else entry.key.decode("utf-8", errors="backslashreplace"),
+    }
+    if entry.record is None:
+        row["raw"] = base64.b64encode(entry.raw or b"").decode()
+    else:
+        row["type"] = type(entry.record).__name__
+        row["record"] = entry.record.model_dump()
+    return json.dumps(row, sort_keys=True, ensure_ascii=False, default=_bytes_out)
+
+
+def _bytes_out(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {"$bytes": base64.b64encode(value).decode()}
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _bytes_in(obj: dict[str, Any]) -> Any:
+    if len(obj) == 1 and "$bytes" in obj:
+        return base64.b64decode(obj["$bytes"])
+    return obj
+
+
+def from_line(line: str) -> Entry:
+    """Inverse of ``to_line``; a ``ValueError`` says what is wrong with the line."""
+    row = json.loads(line, object_hook=_bytes_in)
+    key = None if row.get("key") is None else str(row["key"]).encode()
+    where = (str(row["topic"]), int(row["partition"]), int(row["offset"]), int(row["ts"]))
+    if "raw" in row:
+        return Entry(*where, key, None, base64.b64decode(row["raw"]))
+    cls = _BY_NAME.get(row.get("type", ""))
+    if cls is None:
+        raise ValueError(f"unknown record type {row.get('type')!r}")
+    return Entry(*where, key, cls.model_validate(row["record"]))
+
+
+def write_archive(path: Path, log: Log) -> int:
+    """Write ``log`` as an archive; returns the number of messages written."""
+    count = 0
+    with path.open("w", encoding="utf-8") as out:
+        header = {"format": ARCHIVE_FORMAT, "topics": log.topics.model_dump(), "partitions": log.partition_count}
+        out.write(json.dumps(header, sort_keys=True) + "\n")
+        for entry in log.entries():
+            out.write(to_line(entry) + "\n")
+            count += 1
+    return count
+
+
+def load_archive(path: Path) -> Log:
+    """Read an archive written by ``write_archive`` (or edited by hand, or tampered with)."""
+    with path.open(encoding="utf-8") as lines:
+        return parse_archive(lines, str(path))
+
+
+def parse_archive(lines: Iterable[str], source: str) -> Log:
+    """An archive's messages; a ``ValueError`` names the first bad line."""
+    log: Log | None = None
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            if log is None:
+                header = json.loads(line)
+                if header.get("format") != ARCHIVE_FORMAT:
+                    raise ValueError(f"not an Arbiter log archive (format {header.get('format')!r})")
+                log = Log(Topics(**header.get("topics", {})), source=source, partition_count=header.get("partitions"))
+                continue
+            log.add(from_line(line))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{source}:{number}: {exc}") from exc
+    if log is None:
+        raise ValueError(f"{source}: empty archive")
+    for entries in log.partitions.values():
+        entries.sort(key=lambda e: e.offset)
+    return log

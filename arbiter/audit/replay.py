@@ -1,0 +1,382 @@
+"""Replaying the log through the processors' own code: audit, time travel and what-if.
+
+``Engine`` holds the state the three processors keep in tables (lease books,
+contents, wait-for graphs, sagas) in plain dictionaries, and decides each message
+with the same functions the worker calls (``streams.shells``), collecting what the
+worker would have sent. Tools are not run again: an accepted intent gets the
+outcome the log recorded for it.
+
+- ``rederive``: feed every recorded input, partition by partition, and return what
+  each input yields, for audit to compare with what the log recorded.
+- ``state_at``: the same, up to a moment; the state then.
+- ``what_if``: re-run the commands that came from outside (agents) under other rules,
+  routing the processors' own commands (revocations, compensations) between them
+  in time order, and measure what differs.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from streams.app import resource_shell, shell_routes
+from streams.gateway import ContentState, ToolOutcome
+from streams.leases import LeaseBook
+from streams.resource import ResourceShell
+from streams.saga import COMPENSATED, COMPLETED, Saga
+from streams.shells import edge_problem, on_edge, on_resource_command, on_saga, saga_key_problem
+from streams.waitgraph import VictimPolicy, WaitGraph
+
+from ..contract import (
+    CompensationRequested,
+    DeadlockDetected,
+    LockRequested,
+    LockRevokeRequested,
+    LockTick,
+    Ping,
+    Record,
+    SagaStep,
+    ToolApplied,
+    ToolIntent,
+    ToolRejected,
+    WaitEdgeAdded,
+    WaitEdgeRemoved,
+)
+from ..history import partition_for
+from ..settings import Settings
+from .log import Entry, Log
+
+Output = tuple[str, bytes, Record]
+"""(topic, key, record): one thing the worker would have sent."""
+DEAD_LETTER = "<dead-letter>"
+"""The pseudo-topic of an output that says: this input is dead-lettered."""
+
+
+class RecordedTools:
+    """The worker's tools as replay sees them: real names and argument schemas; the outcome
+    of a run is the one the log recorded (tools are side effects, not decisions)."""
+
+    def __init__(self, log: Log, simulated: bool = False) -> None:
+        from tools.ledger import ledger_tool_registry
+
+        self.simulated = simulated
+        """What-if mode: a run the recording never made succeeds (the tools' answer is unknowable)."""
+        self._registry = ledger_tool_registry()
+        self._outcomes: dict[str, ToolOutcome] = {}
+        for entry in log.of(log.topics.resource_events):
+            record = entry.record
+            if isinstance(record, ToolApplied):
+                self._outcomes.setdefault(record.intent_id, ToolOutcome(True, record.result_json))
+            elif isinstance(record, ToolRejected) and record.reason == "tool_failed":
+                error = str(json.loads(record.diagnostic_json).get("error", ""))
+                self._outcomes.setdefault(record.intent_id, ToolOutcome(False, error=error))
+
+    def names(self) -> frozenset[str]:
+        """Registered tool names."""
+        return self._registry.names()
+
+    def parse(self, intent: ToolIntent) -> Any:
+        """Validated arguments, or why they are invalid (the worker's own schemas)."""
+        return self._registry.parse(intent)
+
+    async def run(self, intent: ToolIntent, arguments: Any) -> ToolOutcome:
+        """The recorded outcome; when there is none, a failure that says so (or, what-if, a success)."""
+        recorded = self._outcomes.get(intent.intent_id)
+        if recorded is not None:
+            return recorded
+        if self.simulated:
+            return ToolOutcome(True, json.dumps({"simulated": True}))
+        return ToolOutcome(False, error="no outcome recorded in the log")
+
+
+@dataclass
+class Engine:
+    """The processors' state and decisions, without Kafka."""
+
+    settings: Settings
+    tools: Any
+    victim_policy: VictimPolicy = "priority"
+    books: dict[bytes, LeaseBook] = field(default_factory=dict)
+    contents: dict[bytes, ContentState] = field(default_factory=dict)
+    graphs: dict[bytes, WaitGraph] = field(default_factory=dict)
+    sagas: dict[bytes, Saga] = field(default_factory=dict)
+    _out: list[Output] = field(default_factory=list)
+    shell: ResourceShell = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.shell = resource_shell(self.settings, self.books, self.contents, self.tools, self._send)
+        self.routes = shell_routes(self.settings)
+
+    async def _send(self, topic: str, key: bytes, record: Record) -> None:
+        self._out.append((topic, key, record))
+
+    async def decide(self, entry: Entry) -> list[Output]:
+        """What the worker sends for one input message (an input topic's message)."""
+        self._out = []
+        topics = self.settings.topics
+        record, key, cause, now = entry.record, entry.key or b"", entry.cause, entry.timestamp_ms
+        if record is None:
+            return [(DEAD_LETTER, key, _NOTHING)]
+        if entry.topic == topics.resource_commands:
+            if not isinstance(record, Ping):
+                problem = await on_resource_command(self.shell, key, record, now, cause, 0)
+                if problem is not None:
+                    self._out.append((DEAD_LETTER, key, _NOTHING))
+        elif entry.topic == topics.wait_edges:
+            if edge_problem(record) is not None:
+                self._out.append((DEAD_LETTER, key, _NOTHING))
+            elif isinstance(record, WaitEdgeAdded | WaitEdgeRemoved):
+                graph = self.graphs.setdefault(key, WaitGraph())
+                await on_edge(graph, key, record, now, cause, self.routes, self._send, self.victim_policy)
+        elif entry.topic == topics.saga_commands:
+            if saga_key_problem(key, record) is not None:
+                self._out.append((DEAD_LETTER, key, _NOTHING))
+            else:
+                saga = self.sagas.setdefault(key, Saga(key.decode()))
+                await on_saga(saga, key, record, now, cause, self.routes, self._send)
+        return self._out
+
+    def open_sagas(self) -> list[Saga]:
+        """Sagas that have not finished."""
+        return [s for s in self.sagas.values() if s.status not in (COMPLETED, COMPENSATED)]
+
+
+class _Nothing(Record):
+    """Placeholder record of a dead-letter output."""
+
+
+_NOTHING = _Nothing()
+
+
+def input_topics(settings: Settings) -> tuple[str, str, str]:
+    """The topics the processors read."""
+    t = settings.topics
+    return t.resource_commands, t.wait_edges, t.saga_commands
+
+
+def inputs(log: Log, settings: Settings) -> Iterator[Entry]:
+    """Every input message, partition by partition, in offset order."""
+    for topic in input_topics(settings):
+        yield from log.of(topic)
+
+
+async def rederive(log: Log, settings: Settings, engine: Engine | None = None,
+                   progress: Callable[[int], None] | None = None) -> tuple[Engine, list[tuple[Entry, list[Output]]]]:
+    """Every input and what the processors decide for it, replayed from the log."""
+    engine = engine or Engine(settings, RecordedTools(log))
+    decided: list[tuple[Entry, list[Output]]] = []
+    for count, entry in enumerate(inputs(log, settings), 1):
+        decided.append((entry, list(await engine.decide(entry))))
+        if progress and count % 5000 == 0:
+            progress(count)
+    return engine, decided
+
+
+# -- time travel -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Moment:
+    """A point in the log: a broker time, or a message position (inclusive)."""
+
+    at_ms: int | None = None
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+
+    def includes(self, entry: Entry, position_ms: int | None) -> bool:
+        """Whether ``entry`` happened at or before this moment."""
+        if self.topic is not None:
+            if entry.topic == self.topic and entry.partition == self.partition:
+                return entry.offset <= (self.offset or 0)
+            return position_ms is not None and entry.timestamp_ms <= position_ms
+        return self.at_ms is not None and entry.timestamp_ms <= self.at_ms
+
+
+def parse_moment(text: str, log: Log) -> Moment:
+    """``--at``: ISO time, epoch ms, ``+12.5s`` after the log's start, or ``topic[partition]@offset``."""
+    from datetime import datetime
+
+    text = text.strip()
+    if "@" in text:
+        where, _, offset = text.rpartition("@")
+        topic, _, partition = where.rstrip("]").partition("[")
+        if not topic or not partition.isdigit() or not offset.isdigit():
+            raise ValueError(f"position {text!r}: expected topic[partition]@offset")
+        if log.find(topic, int(partition), int(offset)) is None:
+            raise ValueError(f"position {text!r} is not in the log")
+        return Moment(topic=topic, partition=int(partition), offset=int(offset))
+    if text.startswith("+") and text.endswith("s"):
+        start, _end = log.span_ms()
+        return Moment(at_ms=start + round(float(text[1:-1]) * 1000))
+    if text.isdigit():
+        return Moment(at_ms=int(text))
+    try:
+        return Moment(at_ms=round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000))
+    except ValueError:
+        raise ValueError(f"moment {text!r}: expected an ISO time, epoch milliseconds, +<seconds>s after "
+                         "the log's start, or topic[partition]@offset") from None
+
+
+async def state_at(log: Log, settings: Settings, moment: Moment) -> dict[str, Any]:
+    """Holders, queues, tokens, versions, the wait-for graph and open sagas at ``moment``."""
+    position_ms = None
+    if moment.topic is not None:
+        found = log.find(moment.topic, moment.partition or 0, moment.offset or 0)
+        position_ms = found.timestamp_ms if found else None
+    engine = Engine(settings, RecordedTools(log))
+    last = 0
+    for entry in inputs(log, settings):
+        if moment.includes(entry, position_ms):
+            await engine.decide(entry)
+            last = max(last, entry.timestamp_ms)
+    return {
+        "at_ms": moment.at_ms if moment.at_ms is not None else position_ms,
+        "last_input_ms": last,
+        "resources": [_resource_state(key, book, engine.contents.get(key))
+                      for key, book in sorted(engine.books.items())],
+        "wait_for": sorted(
+            ({"waiter": e.waiter, "holder": e.holder, "resource": e.resource, "source": e.source}
+             for graph in engine.graphs.values() for e in graph.edges.values()),
+            key=lambda e: (e["waiter"], e["holder"], e["resource"] or "")),
+        "open_sagas": [{"saga_id": s.saga_id, "agent_id": s.agent_id, "status": s.status, "steps": sorted(s.steps),
+                        "compensated": list(s.compensated)} for s in engine.open_sagas()],
+    }
+
+
+def _resource_state(key: bytes, book: LeaseBook, content: ContentState | None) -> dict[str, Any]:
+    return {
+        "resource": key.decode("utf-8", errors="replace"),
+        "high_water_token": book.last_token,
+        "version": content.version if content else book.version,
+        "holders": [{"agent_id": h.agent_id, "token": h.token, "mode": h.mode, "expires_at_ms": h.expires_at_ms}
+                    for h in book.holders.values()],
+        "queue": [{"agent_id": w.agent_id, "mode": w.mode, "priority": w.priority, "queued_at_ms": w.queued_at_ms}
+                  for w in book.queue],
+    }
+
+
+# -- what-if -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The rules a what-if replay changes."""
+
+    ttl_ms: int | None = None
+    """Every agent's lease TTL (acquire and renew)."""
+    victim: VictimPolicy = "priority"
+
+    @classmethod
+    def parse(cls, text: str) -> Policy:
+        """``ttl=30s,victim=youngest``: a clear ``ValueError`` for anything else."""
+        from streams.waitgraph import VICTIM_POLICIES
+
+        values: dict[str, Any] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            name, sep, value = part.partition("=")
+            if not sep:
+                raise ValueError(f"policy {part!r}: expected name=value")
+            if name == "ttl":
+                values["ttl_ms"] = _duration_ms(value)
+            elif name == "victim":
+                if value not in VICTIM_POLICIES:
+                    raise ValueError(f"victim {value!r}: expected one of {', '.join(VICTIM_POLICIES)}")
+                values["victim"] = value
+            else:
+                raise ValueError(f"unknown policy {name!r}: expected ttl or victim")
+        return cls(**values)
+
+
+def _duration_ms(text: str) -> int:
+    units = {"ms": 1, "s": 1000, "m": 60_000}
+    for unit in ("ms", "s", "m"):
+        if text.endswith(unit) and text[:-len(unit)].replace(".", "", 1).isdigit():
+            value = round(float(text[:-len(unit)]) * units[unit])
+            if value > 0:
+                return value
+    raise ValueError(f"duration {text!r}: expected e.g. 500ms, 30s or 2m, above zero")
+
+
+def _from_outside(entry: Entry) -> bool:
+    """Whether an input came from an agent (not from a processor deciding something else)."""
+    record = entry.record
+    if isinstance(record, LockRevokeRequested):
+        return record.requested_by != "deadlock-detector"
+    if isinstance(record, CompensationRequested):
+        return record.requested_by != "deadlock-detector"
+    if isinstance(record, WaitEdgeAdded | WaitEdgeRemoved):
+        return record.source != "lock"
+    if isinstance(record, DeadlockDetected):
+        return False
+    agent = getattr(record, "agent_id", "")
+    if isinstance(agent, str) and agent.startswith("saga:"):
+        return isinstance(record, SagaStep)
+    return record is not None
+
+
+def _adjust(record: Record, policy: Policy) -> Record:
+    if policy.ttl_ms is not None and isinstance(record, LockRequested) and not record.agent_id.startswith("saga:"):
+        return record.model_copy(update={"ttl_ms": policy.ttl_ms})
+    if policy.ttl_ms is not None and type(record).__name__ == "LockRenewRequested":
+        return record.model_copy(update={"ttl_ms": policy.ttl_ms})
+    return record
+
+
+def outside_inputs(log: Log, settings: Settings, policy: Policy | None = None) -> list[Entry]:
+    """The inputs that came from agents and clocks (not from a processor), in time order."""
+    policy = policy or Policy()
+    found = [replace(entry, record=_adjust(entry.record, policy)) if entry.record is not None else entry
+             for entry in inputs(log, settings) if _from_outside(entry)]
+    found.sort(key=lambda e: e.timestamp_ms)
+    return found
+
+
+async def simulate(log: Log, settings: Settings, policy: Policy | None = None,
+                   outside: list[Entry] | None = None) -> Log:
+    """The log the agents' recorded commands would have produced under ``policy``.
+
+    The processors' own commands (revocations, compensations) are routed between them
+    at once, in time order. Every message is appended to its topic partition when it
+    is processed (inputs) or sent (outputs), so the result is a log like a real one,
+    which audit can replay. Open loop: agents send what they sent in the recording, at
+    the times they sent it, whatever the answers (a limit of any replay that cannot
+    re-run the agents).
+    """
+    policy = policy or Policy()
+    engine = Engine(settings, RecordedTools(log, simulated=True), victim_policy=policy.victim)
+    inbound = set(input_topics(settings))
+    queue = [(entry.timestamp_ms, seq, entry)
+             for seq, entry in enumerate(outside if outside is not None else outside_inputs(log, settings, policy))]
+    seq = len(queue)
+    heapq.heapify(queue)
+    produced = Log(settings.topics, source=f"what-if of {log.source}", partition_count=settings.partitions)
+
+    def append(topic: str, key: bytes | None, now: int, record: Record | None, raw: bytes | None = None) -> Entry:
+        partition = partition_for(key or b"", settings.partitions) if topic != settings.topics.resource_commands \
+            or not isinstance(record, LockTick) else record.partition
+        entries = produced.partitions.setdefault((topic, partition), [])
+        entry = Entry(topic, partition, len(entries), now, key, record, raw)
+        entries.append(entry)
+        return entry
+
+    budget = 100 * len(queue) + 100_000
+    while queue:
+        budget -= 1
+        if budget < 0:
+            raise RuntimeError("the simulation did not settle: the processors kept sending each other commands "
+                               f"(last: {type(queue[0][2].record).__name__} at {queue[0][0]})")
+        now, _, pending = heapq.heappop(queue)
+        entry = append(pending.topic, pending.key, now, pending.record, pending.raw)
+        for topic, key, record in await engine.decide(entry):
+            if topic == DEAD_LETTER:
+                continue
+            if topic in inbound:
+                seq += 1
+                heapq.heappush(queue, (now, seq, Entry(topic, -1, -1, now, key, record)))
+            else:
+                append(topic, key, now, record)
+    return produced

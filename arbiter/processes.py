@@ -74,6 +74,7 @@ class WorkerPool:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "arbiter", "worker", "--loglevel", loglevel],
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                    start_new_session=True,  # a Ctrl-C at the terminal is for the parent to handle
                 )
             self.workers.append(WorkerProcess(name, proc, log))
 
@@ -99,16 +100,21 @@ class WorkerPool:
 
 
 async def wait_until_served(client: ArbiterClient, pool: WorkerPool, keys: list[str], timeout: float = 90) -> None:
-    """Ping each key until a worker answers for it: the consumer group has settled."""
+    """Ping each key until a worker answers for it, and until every worker owns a partition
+    (when there are enough): the consumer group has settled, no rebalance is due."""
     from agents import ArbiterTimeout
 
     deadline = time.monotonic() + timeout
-    for key in keys:
-        while True:
-            pool.check_alive()
+    want = min(len(pool.workers), len(keys))
+    owners: dict[str, str] = {}
+    while len(owners) < len(keys) or len(set(owners.values())) < want:
+        pool.check_alive()
+        if time.monotonic() > deadline:
+            missing = sorted(set(keys) - set(owners))
+            raise ArbiterTimeout(f"the workers did not settle within {timeout:.0f}s: no answer for {missing}, "
+                                 f"{len(set(owners.values()))} of {want} workers own partitions")
+        for key in keys:
             try:
-                await client.ping(key, timeout=2)
-                break
+                owners[key] = (await client.ping(key, timeout=2)).worker_id
             except ArbiterTimeout:
-                if time.monotonic() > deadline:
-                    raise ArbiterTimeout(f"no worker answered for {key!r} within {timeout:.0f}s") from None
+                owners.pop(key, None)

@@ -50,7 +50,7 @@ from .resource import (
 )
 from .saga import Saga
 from .shells import Routes, edge_problem, on_edge, on_resource_command, on_saga, saga_key_problem
-from .transport import Transport
+from .transport import GapGuard, Transport
 from .waitgraph import Edge, WaitGraph
 
 Handler = Callable[[Any, Record, Cause, int], Awaitable[None]]
@@ -207,6 +207,13 @@ def failpoint(settings: Settings) -> Any:
     return crash
 
 
+def restart_worker() -> None:
+    """Replace this worker process with a fresh one (same arguments): it rejoins the group,
+    rebuilds its tables and resumes every partition from the last committed offset."""
+    logging.shutdown()
+    os.execv(sys.executable, [sys.executable, "-m", "arbiter", *sys.argv[1:]])
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -242,6 +249,8 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         await dead_letters.send(key=event.key, value=codec.encode(letter))
         app.log.warning("dead-lettered %s[%d]@%d: %s", cause.topic, cause.partition, cause.offset, error)
 
+    gaps = GapGuard() if settings.processing_guarantee == "at_least_once" else None
+
     def processor(topic: Any, name: str, handle: Handler) -> None:
         """Register a thin processor: decode (dead-lettering what does not), then ``handle``."""
 
@@ -249,6 +258,11 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
             async for event in stream.events():
                 msg = event.message
                 cause = Cause(topic=msg.topic, partition=msg.partition, offset=msg.offset)
+                hole = gaps.observe(msg.topic, msg.partition, msg.generation_id, msg.offset) if gaps else None
+                if hole is not None:
+                    app.log.error("faust skipped %s[%d] offsets %d..%d; restarting this worker to decide them in "
+                                  "log order", msg.topic, msg.partition, *hole)
+                    restart_worker()
                 try:
                     record: Record = codec.decode(event.value)
                 except ContractError as error:
@@ -372,8 +386,7 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         if now - stall["since"] >= settings.recovery_stall_seconds:
             app.log.error("table recovery made no progress for %.0f s (%d changelog messages left); "
                           "restarting this worker", now - stall["since"], remaining)
-            logging.shutdown()
-            os.execv(sys.executable, [sys.executable, "-m", "arbiter", *sys.argv[1:]])
+            restart_worker()
 
     tick_ids = itertools.count()
 

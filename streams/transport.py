@@ -42,3 +42,33 @@ class Transport(faust_aiokafka.Transport):
     """faust aiokafka transport with Arbiter's consumer."""
 
     Consumer = Consumer
+
+
+class GapGuard:
+    """Notices when faust hands a processor a partition's messages with a hole in them.
+
+    faust can drop messages it fetched while a rebalance paused its flow, and then
+    mark the hole as done ("gap" offsets count as acknowledged), so the messages are
+    never processed: seen here as commands that never got an answer, right after a
+    worker joined (and caught by ``arbiter audit``). Deciding the message after the
+    hole would also decide out of log order. So the processor asks ``observe`` first,
+    and on a hole it decides nothing and restarts the worker, which resumes from the
+    last committed offset, before the hole.
+
+    Only for at-least-once processing: with Kafka transactions, commit markers take
+    offsets and holes are normal.
+    """
+
+    def __init__(self) -> None:
+        self._next: dict[tuple[str, int], tuple[int, int]] = {}
+
+    def observe(self, topic: str, partition: int, generation: int, offset: int) -> tuple[int, int] | None:
+        """Record a delivery; the missing offsets (first, last) when it skips some."""
+        key = (topic, partition)
+        seen = self._next.get(key)
+        if seen is not None and seen[0] == generation and offset > seen[1]:
+            return seen[1], offset - 1
+        # The first message of a generation, the next one, or one delivered again
+        # after a seek back (decided again, idempotently).
+        self._next[key] = (generation, offset + 1)
+        return None

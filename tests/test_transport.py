@@ -42,3 +42,17 @@ async def test_the_worker_consumer_really_gets_our_fetch_wait(tmp_path) -> None:
         assert consumer._fetch_max_wait_ms == 7
     finally:
         await consumer.stop()
+
+
+def test_the_gap_guard_sees_skipped_offsets_only_within_a_generation() -> None:
+    from streams.transport import GapGuard
+
+    guard = GapGuard()
+    assert guard.observe("commands", 0, 1, 28) is None  # first delivery of the generation
+    assert guard.observe("commands", 0, 1, 29) is None
+    assert guard.observe("commands", 0, 1, 32) == (30, 31), "30 and 31 were skipped"
+    assert guard.observe("commands", 1, 1, 5) is None, "partitions are independent"
+    assert guard.observe("commands", 0, 1, 30) is None, "after a restart or seek, the hole is read again"
+    assert guard.observe("commands", 0, 1, 28) is None, "a redelivery after a seek back is no hole"
+    assert guard.observe("commands", 0, 2, 40) is None, "a new generation starts at its committed offset"
+    assert guard.observe("commands", 0, 2, 42) == (41, 41)

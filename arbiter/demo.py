@@ -1,26 +1,53 @@
-"""``arbiter demo``: bring a whole Arbiter up, prove the round trip, take it down.
+"""``arbiter demo``: a live swarm of agents on shared state, with Arbiter, and (``--unsafe``) without.
 
-Until the lease, gateway and deadlock processors land, the main job shows the
-foundation end to end: a real broker, the topics, N workers sharing the partitions,
-Avro single-object round trips through every partition, and a malformed message
-that lands in the dead-letter topic while the partition keeps flowing.
+Start-up: with nothing configured, the demo starts the local Kafka broker, creates
+this run's own topics, starts ``--workers`` stream processors and opens an embedded
+SQLite ledger; given ``--bootstrap`` and ``--ledger-dsn`` it uses those. It stops
+what it started on the way out, Ctrl-C included, and audits the log it wrote (a
+partial one too).
+
+The swarm (``agents.swarm``) uses only the public SDK. While it runs, a read-only
+consumer of the run's decision topics draws the live view: leases held and queued per
+resource, grants, rejections by reason, deadlocks and compensations, and progress.
 """
 
 from __future__ import annotations
 
 import asyncio
-import statistics
+import contextlib
+import sys
 import time
+import uuid
+from collections import Counter, defaultdict
 from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import click
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
-from .contract import DeadLetter, default_codec
+from .contract import (
+    Compensated,
+    DeadlockDetected,
+    LockCancelled,
+    LockDenied,
+    LockExpired,
+    LockGranted,
+    LockQueued,
+    LockReleased,
+    LockRevoked,
+    LockWaitTimedOut,
+    Record,
+    SagaFinished,
+    ToolApplied,
+    ToolRejected,
+    default_codec,
+)
 from .localkafka import LocalKafka, LocalKafkaError, broker_answers
 from .processes import WorkerPool
-from .settings import Settings
+from .settings import Settings, Topics
 from .topics import ensure_topics
 
 
@@ -35,138 +62,299 @@ def key_for_partition(partition: int, partitions: int, prefix: str = "demo:") ->
     raise RuntimeError(f"no key found for partition {partition}")
 
 
-async def _round_trips(settings: Settings, rounds: int, ready_timeout: float, pool: WorkerPool) -> list[float]:
-    from agents import ArbiterClient, ArbiterTimeout
-
-    keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
-    expected = min(len(pool.workers), settings.partitions)
-    async with ArbiterClient("demo-agent", settings) as client:
-        deadline = time.monotonic() + ready_timeout
-        owners: dict[int, str] = {}
-        # Ready when every partition answers and every worker owns one: the group settled.
-        while len(owners) < settings.partitions or len(set(owners.values())) < expected:
-            pool.check_alive()
-            if time.monotonic() > deadline:
-                raise ArbiterTimeout(f"workers did not take all partitions within {ready_timeout:.0f}s")
-            for key in keys:
-                try:
-                    result = await client.ping(key, timeout=2)
-                except ArbiterTimeout:
-                    continue
-                owners[result.partition] = result.worker_id
-        for partition, owner in sorted(owners.items()):
-            click.echo(f"  partition {partition}: owned by {owner}")
-        rtts = []
-        with click.progressbar(range(rounds), label="  round trips") as bar:
-            for i in bar:
-                rtts.append((await client.ping(keys[i % len(keys)], timeout=10)).rtt_ms)
-        return rtts
+# -- the live view -------------------------------------------------------------------------
 
 
-async def _dead_letter_check(settings: Settings) -> DeadLetter:
-    """Send garbage, then a good ping on the same partition; read the dead letter back."""
-    from agents import ArbiterClient
+@dataclass
+class LiveState:
+    """What the run's decisions say, folded as they arrive."""
 
-    codec = default_codec()
-    dlq = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, enable_auto_commit=False)
-    await dlq.start()
+    holders: dict[str, dict[int, str]] = field(default_factory=lambda: defaultdict(dict))
+    queued: dict[str, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))
+    counts: Counter[str] = field(default_factory=Counter)
+    rejections: Counter[str] = field(default_factory=Counter)
+    victims: list[str] = field(default_factory=list)
+
+    def feed(self, record: Record) -> None:
+        """Fold one decision."""
+        if isinstance(record, LockGranted):
+            self.counts["grants"] += 1
+            self.holders[record.resource][record.token] = record.agent_id
+            self.queued[record.resource].pop(record.request_id, None)
+        elif isinstance(record, LockQueued):
+            self.counts["queued"] += 1
+            self.queued[record.resource][record.request_id] = record.agent_id
+        elif isinstance(record, LockReleased | LockExpired | LockRevoked):
+            self.holders[record.resource].pop(record.token, None)
+            if isinstance(record, LockExpired):
+                self.counts["expired"] += 1
+        elif isinstance(record, LockCancelled | LockWaitTimedOut):
+            self.queued[record.resource].pop(record.request_id, None)
+        elif isinstance(record, LockDenied | ToolRejected):
+            self.rejections[record.reason] += 1
+        elif isinstance(record, ToolApplied):
+            self.counts["writes"] += 1
+        elif isinstance(record, DeadlockDetected):
+            self.counts["deadlocks"] += 1
+            self.victims.append(record.victim)
+        elif isinstance(record, Compensated):
+            self.counts["compensations"] += 1
+        elif isinstance(record, SagaFinished):
+            self.counts[f"sagas {record.outcome.lower()}"] += 1
+
+    def lines(self, done: int, total: int, elapsed: float, width: int = 30) -> list[str]:
+        """The view, as lines of text."""
+        filled = round(width * done / max(total, 1))
+        out = [f"swarm [{'#' * filled}{'-' * (width - filled)}] {done}/{total} steps, {elapsed:5.1f} s"]
+        busy = sorted(r for r in set(self.holders) | set(self.queued) if self.holders[r] or self.queued[r])
+        out.append(f"leases: {sum(len(h) for h in self.holders.values())} held, "
+                   f"{sum(len(q) for q in self.queued.values())} queued")
+        for resource in busy[:8]:
+            held = ", ".join(f"{agent} (token {token})" for token, agent in sorted(self.holders[resource].items()))
+            waiting = ", ".join(sorted(self.queued[resource].values()))
+            out.append(f"  {resource[:44]:<44} held by {held or '-'}" + (f"; queued: {waiting}" if waiting else ""))
+        if len(busy) > 8:
+            out.append(f"  ... and {len(busy) - 8} more resources")
+        reasons = ", ".join(f"{reason} {n}" for reason, n in self.rejections.most_common()) or "none"
+        out.append(f"grants {self.counts['grants']}, writes {self.counts['writes']}, rejections: {reasons}")
+        out.append(f"deadlocks {self.counts['deadlocks']}"
+                   + (f" (victim {', '.join(self.victims)})" if self.victims else "")
+                   + f", compensations {self.counts['compensations']}")
+        return out
+
+
+async def follow(settings: Settings, state: LiveState, stop: asyncio.Event) -> None:
+    """Fold the run's decision topics into ``state`` until ``stop`` (read-only, no group)."""
+    codec = default_codec(settings.max_message_bytes)
+    t = settings.topics
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest", fetch_max_wait_ms=100)
+    await consumer.start()
     try:
-        tps = [TopicPartition(settings.topics.dead_letter, p) for p in range(settings.partitions)]
-        dlq.assign(tps)
-        await dlq.seek_to_end(*tps)
-        for tp in tps:
-            await dlq.position(tp)
-        key = key_for_partition(0, settings.partitions)
-        producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap)
-        await producer.start()
-        try:
-            await producer.send_and_wait(settings.topics.resource_commands, key=key.encode(),
-                                         value=b"\xc3\x01not-a-real-fingerprint")
-        finally:
-            await producer.stop()
-        async with ArbiterClient("demo-agent", settings) as client:
-            await client.ping(key, timeout=10)  # the same partition still flows
-        batch = await dlq.getmany(timeout_ms=10_000)
-        for messages in batch.values():
-            for message in messages:
-                letter = codec.decode(message.value, DeadLetter)
-                if letter.key == key.encode():
-                    return letter
-        raise RuntimeError("the malformed message did not reach the dead-letter topic")
+        consumer.assign([TopicPartition(topic, p) for topic in (t.resource_events, t.wait_edges, t.saga_events)
+                         for p in range(settings.partitions)])
+        while not stop.is_set():
+            batch = await consumer.getmany(timeout_ms=200)
+            for messages in batch.values():
+                for message in messages:
+                    with contextlib.suppress(Exception):
+                        state.feed(codec.decode(message.value))
     finally:
-        await dlq.stop()
+        await consumer.stop()
 
 
-async def _zombie_story(settings: Settings) -> None:
-    """The seed's zombie: Alpha stalls past its TTL, Beta gets N+1, Alpha is fenced off."""
-    from agents import ArbiterClient, LeaseDenied
+class Screen:
+    """Redraws the live view in place on a terminal; elsewhere prints it every few seconds."""
 
-    resource = f"account:482-{int(time.time())}"
-    async with ArbiterClient("alpha", settings) as alpha, ArbiterClient("beta", settings) as beta:
-        stalled = await alpha.acquire(resource, ttl=1.0, wait=0)
-        click.echo(f"  alpha holds {resource} with token {stalled.token} (TTL 1 s) and stalls in 'inference'")
-        fresh = await beta.acquire(resource, ttl=30, wait=20)
-        click.echo(f"  beta waited in the queue, got token {fresh.token} when alpha's lease expired")
-        click.echo(f"  alpha's SDK saw its lease lost: {await asyncio.wait_for(stalled.wait_lost(), 10)}")
-        try:
-            await alpha.renew(stalled)
-            raise RuntimeError("the zombie's renewal was accepted")
-        except LeaseDenied as refused:
-            click.echo(f"  alpha wakes up and renews: refused, {refused.reason} "
-                       f"(high-water token {refused.diagnostic['current']['high_water_token']})")
-        await beta.release(fresh)
+    def __init__(self) -> None:
+        self.tty = sys.stdout.isatty()
+        self.drawn = 0
+        self.last_print = 0.0
+
+    def draw(self, lines: list[str]) -> None:
+        if self.tty:
+            up = f"\x1b[{self.drawn}F" if self.drawn else ""
+            sys.stdout.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))
+            sys.stdout.flush()
+            self.drawn = len(lines)
+        elif time.monotonic() - self.last_print >= 5:
+            self.last_print = time.monotonic()
+            click.echo(lines[0])
 
 
-async def _double_refund_story(settings: Settings) -> dict[str, object]:
-    """Two triage agents race to refund the same order: exactly one refund is applied."""
-    from agents import ArbiterClient, Outcome
+# -- the runs ------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    """What one swarm run did to the world."""
+
+    mode: str
+    tally: Any
+    invariants: dict[str, Any]
+    sections: int
+    drafters: int
+    seconds: float
+    live: LiveState | None = None
+    audit: dict[str, Any] | None = None
+    html: Path | None = None
+
+    def corruption(self) -> dict[str, str]:
+        """One line per kind of corruption (the side-by-side table's rows)."""
+        counts = self.tally.counts
+        lost = self.drafters - self.sections
+        ring_timeouts = counts["ring: gave up after a timeout, change left half-done"]
+        deadlocks = self.live.counts["deadlocks"] if self.live else 0
+        return {
+            "double refunds (orders refunded twice)": str(len(self.invariants["double_refunds"])),
+            "zombie refunds applied after the TTL": str(counts["slow agent: zombie refund applied"]),
+            "lost updates (document sections lost)": f"{lost} of {self.drafters}",
+            "delegation ring": (f"stalled {self.tally.ring_stalled_s:.1f} s until a timeout cut it; "
+                                f"{ring_timeouts} change(s) left half-done" if ring_timeouts else
+                                f"{deadlocks} deadlock detected, victim compensated" if deadlocks else "no cycle"),
+            "money conserved": "yes" if self.invariants["money_conserved"] else "NO",
+        }
+
+
+async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: LiveState, screen: Screen) -> Any:
+    from agents import ArbiterClient
+    from agents.swarm import SafeWorkspace, Tally, run_swarm
     from tools.ledger import Ledger
 
-    account = f"cust_{int(time.time() * 1000)}"
-    resource, order = f"account:{account}", "order-8492"
+    from .processes import wait_until_served
+
     ledger = Ledger(settings.ledger_url())
-    try:
-        ledger.add_accounts({account: 10_000})
+    ledger.add_accounts(plan.accounts())
+    tally = Tally()
+    stop = asyncio.Event()
+    async with contextlib.AsyncExitStack() as stack:
+        warm = await stack.enter_async_context(ArbiterClient("demo-warmup", settings))
+        keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
+        await wait_until_served(warm, pool, keys, timeout=120)
 
-        async def triage(agent: str) -> Outcome:
-            async with ArbiterClient(agent, settings) as client:
-                seen = await client.snapshot(resource)
-                await asyncio.sleep(0.3)  # "thinking" with what it saw
-                async with client.lease(resource, ttl=30, wait=30) as lease:
-                    return await client.execute(lease, "refund", {"order_id": order, "amount": 2_500},
-                                                base_version=seen.version)
+        async def workspace(agent_id: str) -> SafeWorkspace:
+            client = await stack.enter_async_context(ArbiterClient(agent_id, settings))
+            return SafeWorkspace(client, ledger)
 
-        outcomes = await asyncio.gather(triage("triage-1"), triage("triage-2"))
-        for agent, outcome in zip(("triage-1", "triage-2"), outcomes, strict=True):
-            if outcome.applied:
-                click.echo(f"  {agent}: refund applied (version {outcome.version}, "
-                           f"balance now {outcome.result['balance']} cents)")
-            else:
-                changes = outcome.diagnostic.get("changes_since_base", [])
-                click.echo(f"  {agent}: refused, {outcome.reason}; the diagnostic lists {len(changes)} change(s) "
-                           f"since its read: {', '.join(c['tool'] for c in changes)}")
-        refunds = [r for r in ledger.refunds() if r["order_id"] == order and r["account"] == account]
-        report = ledger.invariants()
-        click.echo(f"  refunds for {order}: {len(refunds)}; ledger invariants: "
-                   f"{'hold' if report['ok'] else 'VIOLATED ' + str(report)}")
-        if len(refunds) != 1 or not report["ok"]:
-            raise RuntimeError("the double-refund story broke an invariant")
-        return report
-    finally:
-        ledger.close()
+        follower = asyncio.create_task(follow(settings, live, stop))
+        swarm = asyncio.create_task(run_swarm(plan, workspace, tally))
+        started = time.monotonic()
+        try:
+            while not swarm.done():
+                pool.check_alive()
+                screen.draw(live.lines(tally.done, plan.steps(), time.monotonic() - started))
+                await asyncio.wait({swarm}, timeout=0.25)
+            await swarm
+            await asyncio.sleep(0.5)  # let the last decisions reach the view
+            screen.draw(live.lines(tally.done, plan.steps(), time.monotonic() - started))
+        finally:
+            stop.set()
+            swarm.cancel()
+            await asyncio.gather(swarm, follower, return_exceptions=True)
+    return tally, ledger
+
+
+async def _unsafe_swarm(plan: Any, ledger_path: Path) -> Any:
+    from agents.swarm import Tally, UnsafeWorkspace, run_swarm
+    from tools.ledger import Ledger, register_ledger_tools
+    from tools.registry import ToolRegistry
+
+    ledger = Ledger(str(ledger_path))
+    ledger.add_accounts(plan.accounts())
+    registry = ToolRegistry()
+    register_ledger_tools(registry, ledger)
+    tally = Tally()
+
+    async def workspace(agent_id: str) -> UnsafeWorkspace:
+        return UnsafeWorkspace(agent_id, ledger, registry)
+
+    await run_swarm(plan, workspace, tally)
+    return tally, ledger
+
+
+def _result(mode: str, plan: Any, tally: Any, ledger: Any, seconds: float, live: LiveState | None = None
+            ) -> RunResult:
+    found = ledger.document(plan.document)
+    sections = len(found[1].get("sections", [])) if found else 0
+    return RunResult(mode, tally, ledger.invariants(), sections, plan.drafters, seconds, live)
+
+
+def _print_safe(result: RunResult) -> None:
+    live = result.live or LiveState()
+    counts, rejected = result.tally.counts, live.rejections
+    rows = [
+        ("fencing tokens", f"{rejected['stale_fencing_token'] + rejected['lease_not_live']} zombie writes "
+                           "rejected (stale_fencing_token / lease_not_live)"),
+        ("lease TTL", f"{live.counts['expired']} leases of stalled agents expired and were handed on"),
+        ("optimistic versions", f"{counts['triage: double refund prevented (version_conflict)']} double refunds "
+                                f"prevented, {counts['document: conflict rebased (version_conflict)']} document "
+                                "conflicts rebased"),
+        ("wait queues", f"{live.counts['grants']} grants, {live.counts['queued']} after waiting in a FIFO queue"),
+        ("deadlock detection", f"{live.counts['deadlocks']} cycle(s) broken"
+                               + (f", victim {', '.join(live.victims)}" if live.victims else "")),
+        ("sagas", f"{live.counts['compensations']} completed step(s) compensated, "
+                  f"{live.counts['sagas completed']} sagas completed"),
+    ]
+    click.echo("what each safety mechanism caught:")
+    for name, caught in rows:
+        click.echo(f"  {name:<20} {caught}")
+    for note in result.tally.notes[:6]:
+        click.echo(f"    {note}")
+
+
+def _print_side_by_side(unsafe: RunResult, safe: RunResult) -> None:
+    left, right = unsafe.corruption(), safe.corruption()
+    width = max(len(v) for v in [*left.values(), "without Arbiter (--unsafe)"])
+    click.echo(f"  {'':<38} | {'without Arbiter (--unsafe)':<{width}} | with Arbiter")
+    for row, value in left.items():
+        click.echo(f"  {row:<38} | {value:<{width}} | {right[row]}")
+
+
+def _print_invariants(result: RunResult) -> None:
+    inv = result.invariants
+    ok = inv["ok"]
+    click.secho(f"ledger invariants ({result.mode}): " + ("hold" if ok else "VIOLATED") +
+                f": money conserved {inv['money_conserved']}, negative balances {len(inv['negative_balances'])}, "
+                f"double refunds {len(inv['double_refunds'])}", fg="green" if ok else "red")
+
+
+def run_settings(settings: Settings, run: str, ledger_dsn: str | None) -> Settings:
+    """This run's topics, consumer group and ledger."""
+    topics = Topics(**{name: f"arbiter.demo.{run}.{name}" for name in Topics.model_fields})
+    folder = settings.home / "demo" / run
+    folder.mkdir(parents=True, exist_ok=True)
+    return settings.model_copy(update={
+        "topics": topics, "app_id": f"arbiter-demo-{run}",
+        "ledger_dsn": ledger_dsn or str((folder / "ledger.sqlite3").resolve()),
+    })
+
+
+def _audit_run(settings: Settings, complete: bool, html: Path) -> dict[str, Any]:
+    from .audit import audit
+    from .audit.html import render
+    from .audit.log import read_log, write_archive
+
+    log = asyncio.run(read_log(settings))
+    write_archive(html.with_name("log.jsonl"), log)
+    report = asyncio.run(audit(log, settings, complete=complete))
+    html.write_text(render(report), encoding="utf-8")
+    return report
 
 
 @click.command()
 @click.option("--workers", default=2, show_default=True, help="How many stream-processor workers to start.")
-@click.option("--rounds", default=200, show_default=True, help="How many round trips to measure.")
+@click.option("--speed", default=10.0, show_default=True,
+              help="Divide the agents' 3-30 s thinking time by this (10: a run of about a minute).")
+@click.option("--seed", default=7, show_default=True, help="Seed of the agents' choices and timings.")
+@click.option("--unsafe", is_flag=True, help="Also run the same swarm without Arbiter and show the corruption "
+              "side by side with the safe run.")
+@click.option("--ledger-dsn", envvar="ARBITER_LEDGER_DSN", help="Ledger database (postgresql://... or an SQLite "
+              "path). Default: a new embedded SQLite file for this run.")
 @click.pass_context
-def demo(ctx: click.Context, workers: int, rounds: int) -> None:
-    """Bring up Kafka, topics and workers, run round trips, take everything down."""
+def demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool, ledger_dsn: str | None) -> None:
+    """A swarm of simulated LLM agents on shared state, kept safe by Arbiter. Starts and stops what it needs."""
+    from agents.swarm import Plan
+
     from .cli import _fail, _settings
 
-    settings = _settings(ctx)
-    if workers < 1 or rounds < 1:
-        _fail("--workers and --rounds must be at least 1")
+    if workers < 1 or speed <= 0:
+        _fail("--workers must be at least 1 and --speed above 0")
+    run = f"{seed}-{uuid.uuid4().hex[:6]}"
+    settings = run_settings(_settings(ctx), run, ledger_dsn)
+    folder = settings.home / "demo" / run
+    html = (folder / "audit.html").resolve()
+
+    def new_plan() -> Any:
+        return Plan(seed=seed, speed=speed, run=run.replace("-", "_"))
+
+    unsafe_result: RunResult | None = None
+    if unsafe:
+        click.echo(f"run {run}: the swarm WITHOUT Arbiter first (same agents, same seed, nothing checked)")
+        started = time.monotonic()
+        tally, ledger = asyncio.run(_unsafe_swarm(new_plan(), folder / "unsafe-ledger.sqlite3"))
+        unsafe_result = _result("without Arbiter", new_plan(), tally, ledger, time.monotonic() - started)
+        _print_invariants(unsafe_result)
+        ledger.close()
     with ExitStack() as stack:
         if not ctx.obj.get("bootstrap"):
             local = LocalKafka(settings, say=lambda m: click.echo(f"  {m}"))
@@ -179,30 +367,55 @@ def demo(ctx: click.Context, workers: int, rounds: int) -> None:
                 stack.callback(lambda: click.echo(f"kafka: {local.down()}"))
         if not broker_answers(settings.bootstrap):
             _fail(f"no Kafka answers at {settings.bootstrap}")
-        click.echo(f"kafka at {settings.bootstrap}")
-        for state in asyncio.run(ensure_topics(settings)):
-            click.echo(f"  topic {state.name}: {'created' if state.created else 'exists'}")
+        click.echo(f"kafka at {settings.bootstrap}; run {run}: topics arbiter.demo.{run}.*, "
+                   f"ledger {settings.ledger_url()}")
+        asyncio.run(ensure_topics(settings))
         pool = WorkerPool(settings)
 
         def stop_workers() -> None:
-            pool.stop()
-            click.echo("workers stopped")
+            if pool.workers:
+                pool.stop()
+                click.echo("workers stopped")
 
         stack.callback(stop_workers)
         pool.start(workers)
-        click.echo(f"started {workers} worker(s); waiting for them to own all {settings.partitions} partitions")
+        plan = new_plan()
+        click.echo(f"started {workers} worker(s); the swarm: {plan.triage_agents} triage agents on "
+                   f"{plan.customers} customers, {plan.slow_agents} slow agents and their backups, a delegation "
+                   f"ring of 4, {plan.drafters} drafters on one document (seed {seed}, speed x{speed:g})")
+        live, screen = LiveState(), Screen()
+        started = time.monotonic()
+        interrupted = False
         try:
-            rtts = asyncio.run(_round_trips(settings, rounds, 120.0, pool))
-            q = statistics.quantiles(rtts, n=100, method="inclusive") if len(rtts) > 1 else rtts * 99
-            click.echo(f"round trips through the workers: {len(rtts)}; "
-                       f"p50 {q[49]:.1f} ms, p99 {q[98]:.1f} ms, max {max(rtts):.1f} ms")
-            letter = asyncio.run(_dead_letter_check(settings))
-            click.echo(f"malformed message dead-lettered: reason={letter.reason} "
-                       f"from {letter.source.topic}[{letter.source.partition}]@{letter.source.offset}; "
-                       "the partition kept flowing")
-            click.echo("zombie story (leases and fencing tokens):")
-            asyncio.run(_zombie_story(settings))
-            click.echo("double-refund story (execution gateway, SQL ledger):")
-            asyncio.run(_double_refund_story(settings))
+            tally, ledger = asyncio.run(_safe_swarm(settings, plan, pool, live, screen))
+        except KeyboardInterrupt:
+            interrupted = True
+            click.echo("\ninterrupted: stopping the swarm; auditing the partial log")
         except Exception as exc:  # report, then the exit stack cleans up what was started
-            _fail(f"demo failed: {exc}")
+            _fail(f"demo failed: {type(exc).__name__}: {exc}")
+        stop_workers()  # nothing more is decided: the audit reads a log at rest
+        try:
+            report = _audit_run(settings, not interrupted, html)
+        except Exception as exc:
+            _fail(f"could not audit the run's log: {type(exc).__name__}: {exc}")
+        verdict = report["verdict"] == "pass"
+        if not interrupted:
+            safe = _result("with Arbiter", plan, tally, ledger, time.monotonic() - started, live)
+            ledger.close()
+            _print_safe(safe)
+            _print_invariants(safe)
+            if unsafe_result is not None:
+                _print_side_by_side(unsafe_result, safe)
+        stats = report["stats"]
+        click.secho(f"audit of the run's log ({report['messages']} messages, {stats.get('decisions', 0)} decisions "
+                    f"re-derived): " + ("PASS, no safety rule broken" if verdict else "FAIL")
+                    + ("" if report["complete"] else " (partial log)"), fg="green" if verdict else "red")
+        for finding in report["findings"][:10]:
+            click.echo(f"  {finding['severity']}: [{finding['check']}] {finding['message']} "
+                       f"at {', '.join(finding['where'])}")
+        click.echo(f"audit report: {html}")
+        click.echo(f"log archive: {html.with_name('log.jsonl')} (arbiter audit --log ... to audit it again)")
+    if interrupted:
+        sys.exit(130)
+    if not verdict:
+        sys.exit(1)

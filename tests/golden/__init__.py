@@ -1,0 +1,1 @@
+"""Golden histories: recorded commands in, expected decisions out (see record.py)."""

@@ -323,8 +323,8 @@ def _audit_run(settings: Settings, complete: bool, html: Path) -> dict[str, Any]
 
 @click.command()
 @click.option("--workers", default=2, show_default=True, help="How many stream-processor workers to start.")
-@click.option("--speed", default=10.0, show_default=True,
-              help="Divide the agents' 3-30 s thinking time by this (10: a run of about a minute).")
+@click.option("--speed", default=4.0, show_default=True,
+              help="Divide the agents' 3-30 s thinking time by this (4: a run of about a minute).")
 @click.option("--seed", default=7, show_default=True, help="Seed of the agents' choices and timings.")
 @click.option("--unsafe", is_flag=True, help="Also run the same swarm without Arbiter and show the corruption "
               "side by side with the safe run.")

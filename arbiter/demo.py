@@ -333,6 +333,16 @@ def _audit_run(settings: Settings, complete: bool, html: Path) -> dict[str, Any]
 @click.pass_context
 def demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool, ledger_dsn: str | None) -> None:
     """A swarm of simulated LLM agents on shared state, kept safe by Arbiter. Starts and stops what it needs."""
+    try:
+        _demo(ctx, workers, speed, seed, unsafe, ledger_dsn)
+    except KeyboardInterrupt:
+        # Outside the swarm (start-up, the unsafe run, the audit): what was started is
+        # already stopped on the way out here.
+        click.echo("\ninterrupted; everything the demo started is stopped")
+        sys.exit(130)
+
+
+def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool, ledger_dsn: str | None) -> None:
     from agents.swarm import Plan
 
     from .cli import _fail, _settings

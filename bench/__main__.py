@@ -1,7 +1,7 @@
 """``python -m bench [NAME ...]``: print Arbiter's measured figures.
 
 Names: codec, core, roundtrip, grant, handoff, throughput, ceiling (leases and faust);
-check, intent, checks (the gateway); graph, detection (deadlocks). Default: all.
+check, intent, checks (the gateway); graph, detection (deadlocks); replay (audit, no broker). Default: all.
 The Kafka benchmarks need a broker (``./dev bench`` starts the local one) and start
 their own worker processes on topics of their own.
 """
@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from arbiter.contract import Cause, Holder, LockGranted, default_codec
 
-from . import deadlock, gateway, leases
+from . import deadlock, gateway, leases, replay
 from .env import bench_arbiter
 
 
@@ -59,7 +59,7 @@ async def bench_roundtrip(rate: float, count: int) -> None:
 
 
 NAMES = ["codec", "core", "roundtrip", "grant", "handoff", "throughput", "ceiling", "check", "intent", "checks",
-         "graph", "detection"]
+         "graph", "detection", "replay"]
 
 
 def main() -> None:
@@ -70,6 +70,8 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="requests per second for latency figures")
     parser.add_argument("--count", type=int, default=1000, help="samples per latency figure")
     parser.add_argument("--burst", type=int, default=20_000, help="acquires in the throughput burst")
+    parser.add_argument("--log-messages", type=int, default=200_000, help="messages in the log the replay "
+                        "benchmark generates and audits")
     args = parser.parse_args()
     unknown = sorted(set(args.names) - set(NAMES))
     if unknown:
@@ -100,6 +102,8 @@ def main() -> None:
         deadlock.large_graph()
     if "detection" in names:
         asyncio.run(deadlock.detection_latency(1_000.0, min(args.count, 500)))
+    if "replay" in names:
+        replay.audit_throughput(args.log_messages)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from .checks import (
     summarize,
 )
 from .log import Log, identity
-from .replay import rederive
+from .replay import gc_paused, rederive
 
 __all__ = ["audit", "timeline"]
 
@@ -52,12 +52,19 @@ async def audit(log: Log, settings: Settings, *, complete: bool = True,
     ``complete=False`` (a log cut short, e.g. by Ctrl-C) reports unfinished work as
     open items; ``complete=True`` counts it as violations too.
     """
+    with gc_paused():
+        return await _audit(log, settings, complete, progress)
+
+
+async def _audit(log: Log, settings: Settings, complete: bool,
+                 progress: Callable[[int], None] | None) -> dict[str, Any]:
     started = time.perf_counter()
     _engine, decided = await rederive(log, settings, progress=progress)
     replayed = time.perf_counter()
     findings = Findings()
     stats: dict[str, int] = {"messages": len(log)}
     stats |= check_determinism(log, settings, decided, findings)
+    del decided, _engine
     stats |= check_leases_and_writes(log, settings, findings)
     stats |= check_outcomes(log, settings, findings)
     stats |= check_sagas(log, settings, findings)
@@ -92,15 +99,21 @@ def timeline(log: Log, settings: Settings) -> dict[str, Any]:
     open_waits: dict[tuple[str, str], dict[str, Any]] = {}
 
     def lane(resource: str) -> dict[str, Any]:
-        return resources.setdefault(resource, {"resource": resource, "leases": [], "waits": [], "rejections": [],
-                                               "writes": []})
+        found = resources.get(resource)
+        if found is None:
+            found = resources[resource] = {"resource": resource, "leases": [], "waits": [], "rejections": [],
+                                           "writes": []}
+        return found
 
     seen: set[tuple[str, str]] = set()
     for entry in log.of(settings.topics.resource_events):
         e = entry.record
-        if e is None or identity(e) in seen:
+        if e is None:
+            continue
+        ident = identity(e)
+        if ident in seen:
             continue  # redelivered copies draw once
-        seen.add(identity(e))
+        seen.add(ident)
         if isinstance(e, LockQueued):
             wait = {"agent": e.agent_id, "start_ms": e.decided_at_ms, "end_ms": end, "end": "open"}
             lane(e.resource)["waits"].append(wait)

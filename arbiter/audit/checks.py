@@ -109,10 +109,17 @@ def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, l
     for topic in (topics.resource_events, topics.saga_events, topics.wait_edges):
         for entry in log.of(topic):
             record = entry.record
-            if record is None or (topic == topics.wait_edges and not isinstance(record, DeadlockDetected)):
+            if record is None:
+                if topic != topics.wait_edges:  # (bad input on the edge topic is the detector's to dead-letter)
+                    findings.add("determinism", "a message on a decision topic does not decode: no processor "
+                                 "wrote it", [entry])
+                continue
+            if topic == topics.wait_edges and not isinstance(record, DeadlockDetected):
                 continue
             cause = _cause_of(record)
             if cause is None:
+                findings.add("determinism", f"a {type(record).__name__} on a decision topic names no cause: no "
+                             "processor decided it", [entry])
                 continue
             recorded[cause, topic, entry.key or b""].append(entry)
             tp = cause[0], cause[1]
@@ -132,12 +139,14 @@ def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, l
                                  "topic has no letter for it", [entry])
             elif topic in decision_topics and (topic != topics.wait_edges or isinstance(record, DeadlockDetected)):
                 derived[position, topic, key].append(record)
-    for group in sorted(set(derived) | set(recorded), key=lambda g: (g[0], g[1], g[2])):
+    for group in sorted(derived.keys() | recorded.keys()):
         position, _topic, key = group
         want, got = derived.get(group, []), recorded.get(group, [])
+        stats["decisions"] += len(want)
+        if want and len(got) == len(want) and all(e.record == r for e, r in zip(got, want, strict=True)):
+            continue  # the common case: recorded once, as decided
         source = by_position.get(position)
         resource = key.decode("utf-8", errors="replace")
-        stats["decisions"] += len(want)
         if not got:
             tail = position[2] > reached.get((position[0], position[1]), -1)
             findings.add("determinism", f"the replay decides {len(want)} event(s) here ({_names(want)}) but the log "
@@ -186,6 +195,8 @@ def check_leases_and_writes(log: Log, settings: Settings, findings: Findings) ->
     """Mutual exclusion, monotonic tokens, fenced writes and fresh bases, from recorded events only."""
     stats = {"grants": 0, "writes": 0, "rejected_writes": 0, "expiries": 0, "revocations": 0}
     leases: dict[str, dict[int, _LeaseView]] = defaultdict(dict)
+    unended: dict[str, dict[int, _LeaseView]] = defaultdict(dict)
+    """The leases not yet released, expired or revoked (``leases`` keeps every lease ever granted)."""
     high: dict[str, tuple[int, Entry]] = {}
     version: dict[str, tuple[int, str]] = {}
     seen_grants: set[tuple[str, str]] = set()
@@ -193,9 +204,10 @@ def check_leases_and_writes(log: Log, settings: Settings, findings: Findings) ->
     for entry in log.of(settings.topics.resource_events):
         event = entry.record
         if isinstance(event, LockGranted):
-            if identity(event) in seen_grants:
+            ident = identity(event)
+            if ident in seen_grants:
                 continue  # a redelivered copy of the same decision
-            seen_grants.add(identity(event))
+            seen_grants.add(ident)
             stats["grants"] += 1
             r, now = event.resource, event.decided_at_ms
             top = high.get(r)
@@ -204,17 +216,19 @@ def check_leases_and_writes(log: Log, settings: Settings, findings: Findings) ->
                              f"{top[0]} on {r}", [entry, top[1]], resource=r, at_ms=now)
             if top is None or event.token > top[0]:
                 high[r] = (event.token, entry)
-            live = [v for v in leases[r].values() if not v.ended and v.expires_at_ms > now]
+            live = [v for v in unended[r].values() if v.expires_at_ms > now]
             clash = [v for v in live if v.mode == "exclusive" or event.mode == "exclusive"]
             for other in clash:
                 findings.add("mutual_exclusion", f"{event.mode} grant to {event.agent_id} (token {event.token}) "
                              f"while {other.agent_id} holds a live {other.mode} lease on {r}",
                              [entry, other.entry], resource=r, at_ms=now)
-            leases[r][event.token] = _LeaseView(event.agent_id, event.mode, event.expires_at_ms, entry)
+            leases[r][event.token] = unended[r][event.token] = _LeaseView(event.agent_id, event.mode,
+                                                                          event.expires_at_ms, entry)
         elif isinstance(event, LockReleased | LockExpired | LockRevoked):
             lease = leases[event.resource].get(event.token)
             if lease is not None and not lease.ended:
                 lease.ended = True
+                unended[event.resource].pop(event.token, None)
                 stats["expiries"] += isinstance(event, LockExpired)
                 stats["revocations"] += isinstance(event, LockRevoked)
         elif type(event).__name__ == "LockRenewed":
@@ -302,7 +316,6 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
     stats = {"acquires": 0, "intents": 0}
     for entry in log.of(topics.resource_commands):
         c = entry.record
-        processed = entry.offset <= last_processed.get(entry.partition, -1)
         if isinstance(c, LockRequested) and entry.key == c.resource.encode():
             ident = c.resource, c.request_id
             if ident in asked:
@@ -316,6 +329,7 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
                              resource=c.resource)
             elif not got:
                 still = ident in queued
+                processed = entry.offset <= last_processed.get(entry.partition, -1)
                 findings.add("one_outcome", f"request {c.request_id} of {c.agent_id} "
                              + ("is still queued" if still else "got no answer"), [entry],
                              open_=still or not processed, resource=c.resource)
@@ -329,6 +343,7 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
                 findings.add("one_outcome", f"intent {c.intent_id} got {len(answers)} different outcomes",
                              [entry, outcome_at[c.intent_id]], resource=c.resource)
             elif not answers:
+                processed = entry.offset <= last_processed.get(entry.partition, -1)
                 findings.add("one_outcome", f"intent {c.intent_id} of {c.agent_id} got no outcome", [entry],
                              open_=not processed, resource=c.resource)
     return stats

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import base64
 import json
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from pydantic_core import PydanticSerializationError
 
 from ..contract import MODELS, Cause, ContractError, Record, default_codec
 from ..settings import Settings, Topics
@@ -49,7 +52,7 @@ class Entry:
         return f"{self.topic}[{self.partition}]@{self.offset}"
 
 
-@dataclass
+@dataclass(repr=False)
 class Log:
     """Every message, per topic partition in offset order."""
 
@@ -59,23 +62,26 @@ class Log:
     partition_count: int | None = None
     """Partitions per topic (the processors' partitioner needs it to replay ticks)."""
 
+    def __repr__(self) -> str:
+        # Short on purpose: asyncio.run (3.11) reprs the result of its main task when it
+        # restores the SIGINT handler, and the full repr of a large log takes seconds.
+        return f"<Log {self.source or '(unnamed)'}: {len(self):,} messages in {len(self.partitions)} partitions>"
+
     def add(self, entry: Entry) -> None:
         """Append one message to its partition."""
         self.partitions.setdefault((entry.topic, entry.partition), []).append(entry)
 
     def of(self, topic: str) -> Iterator[Entry]:
         """Every message of ``topic``, partition by partition, each in offset order."""
-        for (name, _partition), entries in sorted(self.partitions.items()):
-            if name == topic:
-                yield from entries
+        return chain.from_iterable(entries for (name, _partition), entries in sorted(self.partitions.items())
+                                   if name == topic)
 
     def __len__(self) -> int:
         return sum(len(entries) for entries in self.partitions.values())
 
     def entries(self) -> Iterator[Entry]:
         """Every message, partition by partition."""
-        for _tp, entries in sorted(self.partitions.items()):
-            yield from entries
+        return chain.from_iterable(entries for _tp, entries in sorted(self.partitions.items()))
 
     def span_ms(self) -> tuple[int, int]:
         """The first and last append time in the log (0, 0 when empty)."""
@@ -83,17 +89,37 @@ class Log:
         return (min(times), max(times)) if times else (0, 0)
 
     def find(self, topic: str, partition: int, offset: int) -> Entry | None:
-        """The message at a position, if the log has it."""
-        for entry in self.partitions.get((topic, partition), []):
-            if entry.offset == offset:
-                return entry
-        return None
+        """The message at a position, if the log has it.
+
+        Offsets are usually dense (a message's index is its offset less the first
+        one's); where they are not (compacted topics, transaction markers, edited
+        archives), a binary search on the offset-ordered partition finds it.
+        """
+        entries = self.partitions.get((topic, partition))
+        if not entries:
+            return None
+        index = offset - entries[0].offset
+        if 0 <= index < len(entries) and entries[index].offset == offset:
+            return entries[index]
+        index = bisect_left(entries, offset, key=_offset_of)
+        if index < len(entries) and entries[index].offset == offset:
+            return entries[index]
+        return next((e for e in entries if e.offset == offset), None)  # a partition not in offset order
+
+
+def _offset_of(entry: Entry) -> int:
+    return entry.offset
 
 
 def identity(record: Record) -> tuple[str, str]:
     """A hashable identity of a record's whole content (records with lists are unhashable):
     redelivered copies of one decision share it."""
-    return type(record).__name__, record.model_dump_json()
+    name = type(record).__name__
+    try:
+        # ``model_dump_json()`` with its defaults, without its Python-level argument handling.
+        return name, record.__pydantic_serializer__.to_json(record).decode()
+    except PydanticSerializationError:  # bytes that are not UTF-8 (a dead letter's original message)
+        return name, json.dumps(record.model_dump(), sort_keys=True, default=_bytes_out)
 
 
 Progress = Callable[[int, int], None]
@@ -162,7 +188,7 @@ def to_line(entry: Entry) -> str:
     """One archive line (stable key order, so archives diff well)."""
     row: dict[str, Any] = {
         "topic": entry.topic, "partition": entry.partition, "offset": entry.offset, "ts": entry.timestamp_ms,
-        "key": None if entry.key is None else entry.key.decode("utf-8", errors="backslashreplace"),
+        "key": _key_out(entry.key),
     }
     if entry.record is None:
         row["raw"] = base64.b64encode(entry.raw or b"").decode()
@@ -170,6 +196,16 @@ def to_line(entry: Entry) -> str:
         row["type"] = type(entry.record).__name__
         row["record"] = entry.record.model_dump()
     return json.dumps(row, sort_keys=True, ensure_ascii=False, default=_bytes_out)
+
+
+def _key_out(key: bytes | None) -> str | dict[str, str] | None:
+    """A key as text when it is UTF-8 (readable, diffable), else as ``{"$bytes": base64}`` (exact)."""
+    if key is None:
+        return None
+    try:
+        return key.decode("utf-8")
+    except UnicodeDecodeError:
+        return {"$bytes": base64.b64encode(key).decode()}
 
 
 def _bytes_out(value: Any) -> Any:
@@ -180,17 +216,24 @@ def _bytes_out(value: Any) -> Any:
 
 def _bytes_in(obj: dict[str, Any]) -> Any:
     if len(obj) == 1 and "$bytes" in obj:
-        return base64.b64decode(obj["$bytes"])
+        return base64.b64decode(obj["$bytes"], validate=True)
     return obj
+
+
+_DECODER = json.JSONDecoder(object_hook=_bytes_in)
+"""One decoder for every line (``json.loads`` with a hook builds a new one per call)."""
 
 
 def from_line(line: str) -> Entry:
     """Inverse of ``to_line``; a ``ValueError`` says what is wrong with the line."""
-    row = json.loads(line, object_hook=_bytes_in)
-    key = None if row.get("key") is None else str(row["key"]).encode()
+    row = _DECODER.decode(line)
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    raw_key = row.get("key")
+    key = raw_key if raw_key is None or isinstance(raw_key, bytes) else str(raw_key).encode()
     where = (str(row["topic"]), int(row["partition"]), int(row["offset"]), int(row["ts"]))
     if "raw" in row:
-        return Entry(*where, key, None, base64.b64decode(row["raw"]))
+        return Entry(*where, key, None, base64.b64decode(row["raw"], validate=True))
     cls = _BY_NAME.get(row.get("type", ""))
     if cls is None:
         raise ValueError(f"unknown record type {row.get('type')!r}")
@@ -223,10 +266,7 @@ def parse_archive(lines: Iterable[str], source: str) -> Log:
             continue
         try:
             if log is None:
-                header = json.loads(line)
-                if header.get("format") != ARCHIVE_FORMAT:
-                    raise ValueError(f"not an Arbiter log archive (format {header.get('format')!r})")
-                log = Log(Topics(**header.get("topics", {})), source=source, partition_count=header.get("partitions"))
+                log = _header(json.loads(line), source)
                 continue
             log.add(from_line(line))
         except (ValueError, KeyError, TypeError) as exc:
@@ -236,3 +276,19 @@ def parse_archive(lines: Iterable[str], source: str) -> Log:
     for entries in log.partitions.values():
         entries.sort(key=lambda e: e.offset)
     return log
+
+
+def _header(header: Any, source: str) -> Log:
+    """The empty log an archive's header line describes."""
+    if not isinstance(header, dict):
+        raise ValueError(f"expected a JSON object, got {type(header).__name__}")
+    if header.get("format") != ARCHIVE_FORMAT:
+        raise ValueError(f"not an Arbiter log archive (format {header.get('format')!r})")
+    topics = header.get("topics", {})
+    unknown = sorted(set(topics) - set(Topics.model_fields)) if isinstance(topics, dict) else []
+    if unknown:
+        raise ValueError(f"unknown topics {', '.join(map(repr, unknown))} in the header")
+    partitions = header.get("partitions")
+    if partitions is not None and (type(partitions) is not int or partitions < 1):
+        raise ValueError(f"partitions {partitions!r}: expected a positive integer or null")
+    return Log(Topics(**topics), source=source, partition_count=partitions)

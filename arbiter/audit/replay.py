@@ -16,9 +16,11 @@ outcome the log recorded for it.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import json
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -92,7 +94,7 @@ class RecordedTools:
         return ToolOutcome(False, error="no outcome recorded in the log")
 
 
-@dataclass
+@dataclass(repr=False)
 class Engine:
     """The processors' state and decisions, without Kafka."""
 
@@ -109,6 +111,10 @@ class Engine:
     def __post_init__(self) -> None:
         self.shell = resource_shell(self.settings, self.books, self.contents, self.tools, self._send)
         self.routes = shell_routes(self.settings)
+
+    def __repr__(self) -> str:  # short: see ``Log.__repr__``
+        return (f"<Engine: {len(self.books)} lease books, {len(self.contents)} contents, {len(self.graphs)} graphs, "
+                f"{len(self.sagas)} sagas>")
 
     async def _send(self, topic: str, key: bytes, record: Record) -> None:
         self._out.append((topic, key, record))
@@ -151,6 +157,25 @@ class _Nothing(Record):
 _NOTHING = _Nothing()
 
 
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside (nested uses are free).
+
+    A replay allocates hundreds of thousands of objects that live until it ends, and
+    every full collection they trigger walks the whole log again: up to half of a large
+    replay's time. Reference counting still frees everything that is not in a cycle;
+    cycles wait until the block ends.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def input_topics(settings: Settings) -> tuple[str, str, str]:
     """The topics the processors read."""
     t = settings.topics
@@ -168,10 +193,11 @@ async def rederive(log: Log, settings: Settings, engine: Engine | None = None,
     """Every input and what the processors decide for it, replayed from the log."""
     engine = engine or Engine(settings, RecordedTools(log))
     decided: list[tuple[Entry, list[Output]]] = []
-    for count, entry in enumerate(inputs(log, settings), 1):
-        decided.append((entry, list(await engine.decide(entry))))
-        if progress and count % 5000 == 0:
-            progress(count)
+    with gc_paused():
+        for count, entry in enumerate(inputs(log, settings), 1):
+            decided.append((entry, list(await engine.decide(entry))))
+            if progress and count % 5000 == 0:
+                progress(count)
     return engine, decided
 
 
@@ -210,8 +236,11 @@ def parse_moment(text: str, log: Log) -> Moment:
             raise ValueError(f"position {text!r} is not in the log")
         return Moment(topic=topic, partition=int(partition), offset=int(offset))
     if text.startswith("+") and text.endswith("s"):
+        seconds = text[1:-1]
+        if not seconds.replace(".", "", 1).isdigit():  # no signs, exponents, inf or nan
+            raise ValueError(f"moment {text!r}: expected +<seconds>s after the log's start, e.g. +12.5s")
         start, _end = log.span_ms()
-        return Moment(at_ms=start + round(float(text[1:-1]) * 1000))
+        return Moment(at_ms=start + round(float(seconds) * 1000))
     if text.isdigit():
         return Moment(at_ms=int(text))
     try:
@@ -229,10 +258,11 @@ async def state_at(log: Log, settings: Settings, moment: Moment) -> dict[str, An
         position_ms = found.timestamp_ms if found else None
     engine = Engine(settings, RecordedTools(log))
     last = 0
-    for entry in inputs(log, settings):
-        if moment.includes(entry, position_ms):
-            await engine.decide(entry)
-            last = max(last, entry.timestamp_ms)
+    with gc_paused():
+        for entry in inputs(log, settings):
+            if moment.includes(entry, position_ms):
+                await engine.decide(entry)
+                last = max(last, entry.timestamp_ms)
     return {
         "at_ms": moment.at_ms if moment.at_ms is not None else position_ms,
         "last_input_ms": last,
@@ -364,19 +394,20 @@ async def simulate(log: Log, settings: Settings, policy: Policy | None = None,
         return entry
 
     budget = 100 * len(queue) + 100_000
-    while queue:
-        budget -= 1
-        if budget < 0:
-            raise RuntimeError("the simulation did not settle: the processors kept sending each other commands "
-                               f"(last: {type(queue[0][2].record).__name__} at {queue[0][0]})")
-        now, _, pending = heapq.heappop(queue)
-        entry = append(pending.topic, pending.key, now, pending.record, pending.raw)
-        for topic, key, record in await engine.decide(entry):
-            if topic == DEAD_LETTER:
-                continue
-            if topic in inbound:
-                seq += 1
-                heapq.heappush(queue, (now, seq, Entry(topic, -1, -1, now, key, record)))
-            else:
-                append(topic, key, now, record)
+    with gc_paused():
+        while queue:
+            budget -= 1
+            if budget < 0:
+                raise RuntimeError("the simulation did not settle: the processors kept sending each other commands "
+                                   f"(last: {type(queue[0][2].record).__name__} at {queue[0][0]})")
+            now, _, pending = heapq.heappop(queue)
+            entry = append(pending.topic, pending.key, now, pending.record, pending.raw)
+            for topic, key, record in await engine.decide(entry):
+                if topic == DEAD_LETTER:
+                    continue
+                if topic in inbound:
+                    seq += 1
+                    heapq.heappush(queue, (now, seq, Entry(topic, -1, -1, now, key, record)))
+                else:
+                    append(topic, key, now, record)
     return produced

@@ -30,9 +30,12 @@ def measure(records: Iterable[Record | None]) -> dict[str, Any]:
     figures: dict[str, Any] = {"grants": 0, "expiries": 0, "zombie_rejections": 0, "writes_applied": 0,
                                "wait_timeouts": 0, "deadlock_victims": 0, "victims": [], "longest_wait_ms": 0}
     for record in records:
-        if record is None or identity(record) in seen:
+        if record is None:
             continue
-        seen.add(identity(record))
+        ident = identity(record)
+        if ident in seen:
+            continue
+        seen.add(ident)
         if isinstance(record, LockQueued):
             queued_at[record.resource, record.request_id] = record.decided_at_ms
         elif isinstance(record, LockGranted):

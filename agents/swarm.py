@@ -322,7 +322,7 @@ async def backup_agent(ws: Workspace, plan: Plan, tally: Tally, account: str, st
     """The supervisor sees no progress on a VIP refund and gives it to a backup agent."""
     resource, order = f"account:{account}", f"order-{account}"
     await stalled.wait()
-    await asyncio.sleep(1.2 * plan.ttl_s)  # no progress reported: reassign
+    await asyncio.sleep(0.5 * plan.ttl_s)  # no progress reported: reassign (it queues behind the frozen lease)
     async with ws.hold(resource, ttl=30, wait=60) as lease:
         seen = await ws.version(resource)
         if _refunded(ws.ledger, account, order):

@@ -224,7 +224,7 @@ class Moment:
 
 def parse_moment(text: str, log: Log) -> Moment:
     """``--at``: ISO time, epoch ms, ``+12.5s`` after the log's start, or ``topic[partition]@offset``."""
-    from datetime import datetime
+    from datetime import UTC, datetime
 
     text = text.strip()
     if "@" in text:
@@ -244,7 +244,10 @@ def parse_moment(text: str, log: Log) -> Moment:
     if text.isdigit():
         return Moment(at_ms=int(text))
     try:
-        return Moment(at_ms=round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000))
+        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)  # the log's times are UTC; a bare time means UTC too
+        return Moment(at_ms=round(when.timestamp() * 1000))
     except ValueError:
         raise ValueError(f"moment {text!r}: expected an ISO time, epoch milliseconds, +<seconds>s after "
                          "the log's start, or topic[partition]@offset") from None

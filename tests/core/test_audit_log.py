@@ -227,6 +227,7 @@ def test_moments_in_every_documented_form() -> None:
     iso = datetime.fromtimestamp(T0 / 1000, UTC)
     assert parse_moment(iso.isoformat(), log) == Moment(at_ms=T0)
     assert parse_moment(iso.strftime("%Y-%m-%dT%H:%M:%S.%fZ"), log) == Moment(at_ms=T0)
+    assert parse_moment(iso.strftime("%Y-%m-%dT%H:%M:%S.%f"), log) == Moment(at_ms=T0), "a bare time is UTC"
     assert parse_moment(f"  {TOPICS.resource_events}[1]@0 ", log) == Moment(topic=TOPICS.resource_events,
                                                                             partition=1, offset=0)
     assert parse_moment(f"{TOPICS.resource_commands}[0]@1", log).offset == 1

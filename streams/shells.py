@@ -74,7 +74,10 @@ def edge_problem(edge: Record) -> ContractError | None:
 
 def saga_key_problem(key: bytes | None, record: Record) -> ContractError | None:
     """Why a saga message cannot be decided under its key (None: it can)."""
-    saga_id = (key or b"").decode("utf-8", errors="replace")
+    try:
+        saga_id = (key or b"").decode()
+    except UnicodeDecodeError:
+        saga_id = ""
     if not saga_id.startswith(SAGA_PREFIX) or getattr(record, "saga_id", saga_id) != saga_id:
         return ContractError("key_mismatch", f"saga messages are keyed by a saga id starting with {SAGA_PREFIX!r}; "
                                              f"got {key!r} for {type(record).__name__}")

@@ -44,7 +44,7 @@ from ..contract import (
 )
 from ..settings import Settings
 from .log import Entry, Log, identity
-from .replay import DEAD_LETTER, Output
+from .replay import DEAD_LETTER, Output, from_outside
 
 CHECKS: dict[str, str] = {
     "determinism": "re-derived decisions equal the recorded ones",
@@ -158,23 +158,62 @@ def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, l
                          f"its input at {position[0]}[{position[1]}]@{position[2]} decides nothing of the kind "
                          "(forged, or decided by different code)", got, resource=resource)
             continue
-        records = [e.record for e in got]
-        copies, rest = divmod(len(records), len(want))
-        if rest == 0 and records == want * copies:
-            stats["redelivered"] += copies - 1
+        # Under at-least-once a decision can be written again, whole or in part, and two
+        # owners of a partition in a rebalance can interleave their identical copies: keep
+        # the first copy of each event, in log order.
+        firsts: list[Entry] = []
+        seen: set[tuple[str, str]] = set()
+        for entry in got:
+            ident = identity(entry.record)  # type: ignore[arg-type]
+            if ident not in seen:
+                seen.add(ident)
+                firsts.append(entry)
+        records = [e.record for e in firsts]
+        if records == want:
+            stats["redelivered"] += len(got) - len(firsts)
             continue
         last = got[-1]
         if records == want[:len(records)] and last is log.partitions[last.topic, last.partition][-1]:
             findings.add("determinism", f"only {len(records)} of the {len(want)} events decided here were in the "
                          "log when it was read (still being written)", [last], open_=True, resource=resource)
             continue
-        index = next((i for i, (a, b) in enumerate(zip(records, want * max(1, copies), strict=False)) if a != b),
+        index = next((i for i, (a, b) in enumerate(zip(records, want, strict=False)) if a != b),
                      min(len(records), len(want)))
-        bad = got[min(index, len(got) - 1)]
+        bad = firsts[min(index, len(firsts) - 1)]
         findings.add("determinism", f"the log recorded {_names(records)} but the replay decides {_names(want)}; "
                      f"first difference at event {index + 1}", [bad, *([source] if source else [])],
                      resource=resource)
+    _check_processor_commands(log, settings, decided, reached, findings)
     return stats
+
+
+def _check_processor_commands(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]]],
+                              reached: dict[tuple[str, int], int], findings: Findings) -> None:
+    """The commands the processors send each other (revocations, compensations, wait edges,
+    answers to a saga) are inputs too: each must be one a replayed decision sends."""
+    t = settings.topics
+    topics = (t.resource_commands, t.wait_edges, t.saga_commands)
+    sent: dict[tuple[str, str], Entry] = {}
+    for source, outputs in decided:
+        for topic, _key, record in outputs:
+            if topic in topics and not isinstance(record, DeadlockDetected):
+                sent.setdefault(identity(record), source)
+    logged: dict[tuple[str, str], Entry] = {}
+    for topic in topics:
+        for entry in log.of(topic):
+            message = entry.record
+            if message is not None and not isinstance(message, DeadlockDetected) and not from_outside(entry):
+                logged.setdefault(identity(message), entry)
+    for ident, entry in logged.items():
+        if ident not in sent:
+            findings.add("determinism", f"{ident[0]} for {getattr(entry.record, 'agent_id', '?')} looks like a "
+                         "processor's command, but no replayed decision sends it (forged, or sent by other code)",
+                         [entry])
+    for ident, source in sent.items():
+        if ident not in logged:
+            tail = source.offset > reached.get((source.topic, source.partition), -1)
+            findings.add("determinism", f"the decision of this input sends a {ident[0]} that is not in the log"
+                         + (" (not yet written when the log was read)" if tail else ""), [source], open_=tail)
 
 
 def _names(records: Iterable[Record | None]) -> str:
@@ -393,6 +432,10 @@ def check_cycles(log: Log, settings: Settings, findings: Findings) -> dict[str, 
     for (topic, _partition), entries in sorted(log.partitions.items()):
         if topic != settings.topics.wait_edges:
             continue
+        # The detector logs a detection after the edge that closed the cycle, perhaps after
+        # other edges (a timeout may even break the cycle first): match them by cause.
+        detected = {f"{r.cause.topic}[{r.cause.partition}]@{r.cause.offset}"
+                    for e in entries if isinstance(r := e.record, DeadlockDetected)}
         graphs: dict[bytes, _Graph] = defaultdict(_Graph)
         for entry in entries:
             record = entry.record
@@ -409,13 +452,15 @@ def check_cycles(log: Log, settings: Settings, findings: Findings) -> dict[str, 
                 graph.pending.pop(f"{cause.topic}[{cause.partition}]@{cause.offset}", None)
             for where, closing in list(graph.pending.items()):
                 if closing is not entry and not graph.has_cycle():
-                    findings.add("cycles_resolved", "a wait-for cycle closed here was broken without a "
-                                 "deadlock detection (a timeout or a release cut it)", [closing, entry])
+                    if where not in detected:
+                        findings.add("cycles_resolved", "a wait-for cycle closed here was broken without a "
+                                     "deadlock detection (a timeout or a release cut it)", [closing, entry])
                     del graph.pending[where]
         for graph in graphs.values():
-            for closing in graph.pending.values():
-                findings.add("cycles_resolved", "a wait-for cycle closed here is still unresolved at the end "
-                             "of the log", [closing])
+            for where, closing in graph.pending.items():
+                if where not in detected:
+                    findings.add("cycles_resolved", "a wait-for cycle closed here is still unresolved at the end "
+                                 "of the log", [closing], open_=True)
     return {"deadlocks": deadlocks}
 
 

@@ -334,13 +334,13 @@ def _duration_ms(text: str) -> int:
     raise ValueError(f"duration {text!r}: expected e.g. 500ms, 30s or 2m, above zero")
 
 
-def _from_outside(entry: Entry) -> bool:
+def from_outside(entry: Entry) -> bool:
     """Whether an input came from an agent (not from a processor deciding something else)."""
     record = entry.record
     if isinstance(record, LockRevokeRequested):
         return record.requested_by != "deadlock-detector"
     if isinstance(record, CompensationRequested):
-        return record.requested_by != "deadlock-detector"
+        return record.cause is None  # the detector's carry the edge that closed the cycle
     if isinstance(record, WaitEdgeAdded | WaitEdgeRemoved):
         return record.source != "lock"
     if isinstance(record, DeadlockDetected):
@@ -363,7 +363,7 @@ def outside_inputs(log: Log, settings: Settings, policy: Policy | None = None) -
     """The inputs that came from agents and clocks (not from a processor), in time order."""
     policy = policy or Policy()
     found = [replace(entry, record=_adjust(entry.record, policy)) if entry.record is not None else entry
-             for entry in inputs(log, settings) if _from_outside(entry)]
+             for entry in inputs(log, settings) if from_outside(entry)]
     found.sort(key=lambda e: e.timestamp_ms)
     return found
 

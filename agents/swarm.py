@@ -345,6 +345,7 @@ async def ring_agent(ws: Workspace, plan: Plan, tally: Tally, name: str, nxt: st
             async with saga.delegate(to=nxt, task=f"{name} hands off to {nxt}"):
                 outcome = await ws.wait_for_delegate(plan.ring_timeout_s, released)
             if outcome.startswith("deadlock"):
+                released.set()  # the ring is broken: the others go on while this one is undone
                 raise SagaAbortRequested(outcome)
             if outcome == "timeout":
                 tally.ring_stalled_s = max(tally.ring_stalled_s, asyncio.get_running_loop().time() - started)

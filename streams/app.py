@@ -249,7 +249,8 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         await dead_letters.send(key=event.key, value=codec.encode(letter))
         app.log.warning("dead-lettered %s[%d]@%d: %s", cause.topic, cause.partition, cause.offset, error)
 
-    gaps = GapGuard() if settings.processing_guarantee == "at_least_once" else None
+    gaps = GapGuard(os.environ.pop(GapGuard.RESTART_ENV, "")) \
+        if settings.processing_guarantee == "at_least_once" else None
 
     def processor(topic: Any, name: str, handle: Handler) -> None:
         """Register a thin processor: decode (dead-lettering what does not), then ``handle``."""
@@ -262,6 +263,7 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
                 if hole is not None:
                     app.log.error("faust skipped %s[%d] offsets %d..%d; restarting this worker to decide them in "
                                   "log order", msg.topic, msg.partition, *hole)
+                    os.environ[GapGuard.RESTART_ENV] = GapGuard.describe(msg.topic, msg.partition, hole[0])
                     restart_worker()
                 try:
                     record: Record = codec.decode(event.value)

@@ -56,17 +56,29 @@ class GapGuard:
     last committed offset, before the hole.
 
     Only for at-least-once processing: with Kafka transactions, commit markers take
-    offsets and holes are normal.
+    offsets and holes are normal. A hole that is still there after a restart is a real
+    one (markers of an earlier transactional producer, deleted records): ``permanent``
+    names it, and it is let through instead of restarting again.
     """
 
-    def __init__(self) -> None:
+    RESTART_ENV = "ARBITER_RESTARTED_FOR_HOLE"
+    """Set by a worker that restarts for a hole, to the hole (``topic|partition|first``)."""
+
+    def __init__(self, permanent: str = "") -> None:
         self._next: dict[tuple[str, int], tuple[int, int]] = {}
+        self._permanent = permanent
+
+    @staticmethod
+    def describe(topic: str, partition: int, first: int) -> str:
+        """How a hole is named in ``RESTART_ENV``."""
+        return f"{topic}|{partition}|{first}"
 
     def observe(self, topic: str, partition: int, generation: int, offset: int) -> tuple[int, int] | None:
         """Record a delivery; the missing offsets (first, last) when it skips some."""
         key = (topic, partition)
         seen = self._next.get(key)
-        if seen is not None and seen[0] == generation and offset > seen[1]:
+        if (seen is not None and seen[0] == generation and offset > seen[1]
+                and self.describe(topic, partition, seen[1]) != self._permanent):
             return seen[1], offset - 1
         # The first message of a generation, the next one, or one delivered again
         # after a seek back (decided again, idempotently).

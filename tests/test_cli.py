@@ -117,13 +117,13 @@ def test_the_main_job_runs_safe_and_unsafe_side_by_side(bootstrap: str, tmp_path
     unsafe = {name: left for name, left, _right in rows}
     safe = {name: right for name, _left, right in rows}
     # Without Arbiter: at least one corruption of each kind.
-    assert int(unsafe["double refunds (orders refunded twice)"]) >= 1, out
+    assert int(unsafe["double refunds by racing triage agents"]) >= 1, out
     assert int(unsafe["zombie refunds applied after the TTL"]) >= 1, out
     assert not unsafe["lost updates (document sections lost)"].startswith("0 of"), out
     assert "until a timeout cut it" in unsafe["delegation ring"], out
     assert "ledger invariants (without Arbiter): VIOLATED" in out
     # With Arbiter: none, and the audit of the run's whole log agrees.
-    assert safe["double refunds (orders refunded twice)"] == "0"
+    assert safe["double refunds by racing triage agents"] == "0"
     assert safe["zombie refunds applied after the TTL"] == "0"
     assert safe["lost updates (document sections lost)"].startswith("0 of")
     assert safe["delegation ring"] == "1 deadlock detected, victim compensated"

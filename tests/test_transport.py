@@ -56,3 +56,12 @@ def test_the_gap_guard_sees_skipped_offsets_only_within_a_generation() -> None:
     assert guard.observe("commands", 0, 1, 28) is None, "a redelivery after a seek back is no hole"
     assert guard.observe("commands", 0, 2, 40) is None, "a new generation starts at its committed offset"
     assert guard.observe("commands", 0, 2, 42) == (41, 41)
+
+
+def test_a_hole_still_there_after_the_restart_is_let_through() -> None:
+    from streams.transport import GapGuard
+
+    guard = GapGuard(permanent=GapGuard.describe("commands", 0, 30))
+    assert guard.observe("commands", 0, 1, 29) is None
+    assert guard.observe("commands", 0, 1, 32) is None, "the hole the worker restarted for: real, let through"
+    assert guard.observe("commands", 0, 1, 35) == (33, 34), "any other hole still restarts"

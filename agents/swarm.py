@@ -111,14 +111,10 @@ class Tally:
         self.done += 1
 
 
-class Handle(Protocol):
-    """A lease as the agents see it (in the unsafe workspace, a name and nothing else)."""
-
-    resource: str
-
-
 @dataclass
 class _NoLease:
+    """A lease as agents without Arbiter have it: a name and nothing else."""
+
     resource: str
     token: int | None = None
 

@@ -185,10 +185,7 @@ class RunResult:
     invariants: dict[str, Any]
     sections: int
     drafters: int
-    seconds: float
     live: LiveState | None = None
-    audit: dict[str, Any] | None = None
-    html: Path | None = None
 
     def corruption(self) -> dict[str, str]:
         """One line per kind of corruption (the side-by-side table's rows)."""
@@ -266,11 +263,11 @@ async def _unsafe_swarm(plan: Any, ledger_path: Path) -> Any:
     return tally, ledger
 
 
-def _result(mode: str, plan: Any, tally: Any, ledger: Any, seconds: float, live: LiveState | None = None
+def _result(mode: str, plan: Any, tally: Any, ledger: Any, live: LiveState | None = None
             ) -> RunResult:
     found = ledger.document(plan.document)
     sections = len(found[1].get("sections", [])) if found else 0
-    return RunResult(mode, tally, ledger.invariants(), sections, plan.drafters, seconds, live)
+    return RunResult(mode, tally, ledger.invariants(), sections, plan.drafters, live)
 
 
 def _print_safe(result: RunResult) -> None:
@@ -381,9 +378,8 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
     unsafe_result: RunResult | None = None
     if unsafe:
         click.echo(f"run {run}: the swarm WITHOUT Arbiter first (same agents, same seed, nothing checked)")
-        started = time.monotonic()
         tally, ledger = asyncio.run(_unsafe_swarm(new_plan(), folder / "unsafe-ledger.sqlite3"))
-        unsafe_result = _result("without Arbiter", new_plan(), tally, ledger, time.monotonic() - started)
+        unsafe_result = _result("without Arbiter", new_plan(), tally, ledger)
         _print_invariants(unsafe_result)
         ledger.close()
     with ExitStack() as stack:
@@ -416,7 +412,6 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
                    f"{plan.customers} customers, {plan.slow_agents} slow agents and their backups, a delegation "
                    f"ring of 4, {plan.drafters} drafters on one document (seed {seed}, speed x{speed:g})")
         live, screen = LiveState(), Screen()
-        started = time.monotonic()
         interrupted = False
         try:
             tally, ledger = asyncio.run(_safe_swarm(settings, plan, pool, live, screen))
@@ -432,7 +427,7 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
             _fail(f"could not audit the run's log: {type(exc).__name__}: {exc}")
         verdict = report["verdict"] == "pass"
         if not interrupted:
-            safe = _result("with Arbiter", plan, tally, ledger, time.monotonic() - started, live)
+            safe = _result("with Arbiter", plan, tally, ledger, live)
             ledger.close()
             _print_safe(safe)
             _print_invariants(safe)

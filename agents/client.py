@@ -25,7 +25,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
-from arbiter.contract import (
+from contract import (
     Codec,
     ContractError,
     DeadlockDetected,
@@ -55,7 +55,7 @@ from arbiter.contract import (
     WaitEdgeRemoved,
     default_codec,
 )
-from arbiter.settings import Settings, load_settings
+from contract.settings import Settings, load_settings
 
 from .leases import ArbiterError, Lease, LeaseDenied, OnAcquired
 from .outcomes import Outcome, Snapshot

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from arbiter.contract import LockCancelled, LockDenied, LockWaitTimedOut
+from contract import LockCancelled, LockDenied, LockWaitTimedOut
 
 
 class ArbiterError(Exception):

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
-from arbiter.contract import CompensationRequested, SagaStep
+from contract import CompensationRequested, SagaStep
 
 from .leases import ArbiterError, Lease
 from .outcomes import Outcome

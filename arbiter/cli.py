@@ -13,9 +13,10 @@ from typing import Any, NoReturn, TypeVar
 import click
 from pydantic import ValidationError
 
+from contract.settings import Settings, load_settings
+from runtime.topics import TopicError, ensure_topics
+
 from .localkafka import LocalKafka, LocalKafkaError, broker_answers
-from .settings import Settings, load_settings
-from .topics import TopicError, ensure_topics
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -142,7 +143,7 @@ def worker(ctx: click.Context, loglevel: str) -> None:
         _fail(f"no Kafka answers at {settings.bootstrap}; start one with 'arbiter kafka up' or pass --bootstrap")
     import faust
 
-    from streams.app import create_app
+    from runtime.worker import create_app
 
     app = create_app(settings)
     faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
@@ -236,7 +237,7 @@ def lock_acquire(ctx: click.Context, resource: str, agent: str, ttl: float, mode
 
 def _token_outcome(outcome: Any) -> dict[str, Any]:
     from agents import LeaseDenied
-    from arbiter.contract import LockDenied
+    from contract import LockDenied
 
     if isinstance(outcome, LockDenied):
         raise LeaseDenied.from_event(outcome)

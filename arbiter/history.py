@@ -7,10 +7,9 @@ from collections.abc import AsyncIterator
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
-from streams.leases import LOCK_EVENTS, LeaseBook, evolve, new_book
-
-from .contract import ContractError, Record, default_codec
-from .settings import Settings
+from contract import ContractError, Record, default_codec
+from contract.settings import Settings
+from cores.leases import LOCK_EVENTS, LeaseBook, evolve, new_book
 
 
 def partition_for(key: bytes, partitions: int) -> int:

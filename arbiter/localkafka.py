@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from .settings import Settings
+from contract.settings import Settings
 
 POM = Path(__file__).resolve().parents[1] / "broker" / "pom.xml"
 MIN_JAVA = 17

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .settings import Settings
+from contract.settings import Settings
 
 if TYPE_CHECKING:
     from agents import ArbiterClient

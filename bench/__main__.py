@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-from arbiter.contract import Cause, Holder, LockGranted, default_codec
+from contract import Cause, Holder, LockGranted, default_codec
 
 from . import deadlock, gateway, leases, replay
 from .env import bench_arbiter

@@ -10,9 +10,9 @@ import uuid
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from arbiter.contract import Cause, DeadlockDetected, Record, WaitEdgeAdded, WaitEdgeRemoved, default_codec
 from arbiter.history import partition_for
-from streams.waitgraph import WaitGraph, detect, evolve
+from contract import Cause, DeadlockDetected, Record, WaitEdgeAdded, WaitEdgeRemoved, default_codec
+from cores.waitgraph import WaitGraph, detect, evolve
 
 from .env import bench_arbiter
 from .leases import percentiles

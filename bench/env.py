@@ -12,11 +12,11 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents import ArbiterClient
-from arbiter.contract import Record, default_codec
 from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
-from arbiter.settings import Settings, Topics, load_settings
-from arbiter.topics import ensure_topics
+from contract import Record, default_codec
+from contract.settings import Settings, Topics, load_settings
+from runtime.topics import ensure_topics
 
 
 @asynccontextmanager

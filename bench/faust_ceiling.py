@@ -14,8 +14,8 @@ from typing import Any
 
 import faust
 
-from arbiter.settings import load_settings
-from streams.app import ArbiterApp, faust_settings
+from contract.settings import load_settings
+from runtime.worker import ArbiterApp, faust_settings
 
 
 def main() -> None:

@@ -6,9 +6,9 @@ import time
 import uuid
 
 from agents import ArbiterClient
-from arbiter.contract import Cause, LockRequested, ToolIntent, ToolRejected, default_codec
-from streams.gateway import Accepted, ContentState, GatewayRules, check
-from streams.leases import new_book, step
+from contract import Cause, LockRequested, ToolIntent, ToolRejected, default_codec
+from cores.gateway import Accepted, ContentState, GatewayRules, check
+from cores.leases import new_book, step
 
 from .env import bench_arbiter, burst
 from .leases import percentiles

@@ -10,8 +10,8 @@ import uuid
 from aiokafka import AIOKafkaProducer
 
 from agents import ArbiterClient
-from arbiter.contract import Cause, LockGranted, LockReleaseRequested, LockRequested, LockTick, default_codec
-from streams.leases import new_book, step
+from contract import Cause, LockGranted, LockReleaseRequested, LockRequested, LockTick, default_codec
+from cores.leases import new_book, step
 
 from .env import bench_arbiter, burst
 
@@ -24,7 +24,7 @@ async def faust_ceiling(total: int) -> None:
 
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    from arbiter.settings import load_settings
+    from contract.settings import load_settings
 
     settings = load_settings()
     topic = f"ceiling-{uuid.uuid4().hex[:8]}"

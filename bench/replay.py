@@ -22,8 +22,8 @@ from typing import Any
 from arbiter.audit import audit
 from arbiter.audit.log import Entry, Log, load_archive, write_archive
 from arbiter.audit.replay import rederive, simulate
-from arbiter.contract import LockReleaseRequested, LockRequested, LockTick, Record, ToolIntent
-from arbiter.settings import Settings
+from contract import LockReleaseRequested, LockRequested, LockTick, Record, ToolIntent
+from contract.settings import Settings
 
 ROUND_MESSAGES = 28
 """About how many messages one round of the workload leaves in the log."""

@@ -17,8 +17,8 @@ import pytest
 
 from arbiter.localkafka import broker_answers
 from arbiter.processes import WorkerPool
-from arbiter.settings import Settings, Topics, load_settings
-from arbiter.topics import ensure_topics
+from contract.settings import Settings, Topics, load_settings
+from runtime.topics import ensure_topics
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -27,8 +27,8 @@ from arbiter.audit.log import load_archive, read_log
 from arbiter.cli import main as arbiter_cli
 from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
-from arbiter.settings import Settings
-from arbiter.topics import ensure_topics
+from contract.settings import Settings
+from runtime.topics import ensure_topics
 from tools.ledger import Ledger
 
 from .conftest import assert_clean_audit, isolated_settings

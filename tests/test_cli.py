@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from arbiter.processes import WorkerPool, settings_env
-from arbiter.settings import Settings
+from contract.settings import Settings
 
 from .conftest import REPO
 

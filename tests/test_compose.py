@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from arbiter.settings import Settings
+from contract.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())

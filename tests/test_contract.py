@@ -15,13 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from arbiter.contract import MODELS, Codec, ContractError, LockRequested, Ping, Pong, default_codec
-from arbiter.contract.codec import HEADER_SIZE
-from schemas import SCHEMA_DIR
+from contract import MODELS, Codec, ContractError, LockRequested, Ping, Pong, default_codec
+from contract.codec import HEADER_SIZE, SCHEMA_DIR
 
 from .avro_strategies import for_record
 
-SCHEMA_FILES = sorted(p for p in SCHEMA_DIR.rglob("*.avsc") if "history" not in p.parts)
+SCHEMA_FILES = sorted(p for p in SCHEMA_DIR.rglob("*.avsc") if "history" not in p.relative_to(SCHEMA_DIR).parts)
 RAW = {p: json.loads(p.read_text()) for p in SCHEMA_FILES}
 BY_NAME = {f"{raw['namespace']}.{raw['name']}": raw for raw in RAW.values()}
 MODEL_BY_NAME = {m.AVRO_NAME: m for m in MODELS}
@@ -241,7 +240,7 @@ def test_old_messages_still_decode_after_a_field_is_added(tmp_path: Path) -> Non
 
     from pydantic import create_model
 
-    from arbiter.contract import models
+    from contract import models
 
     evolved = create_model("Pong", __base__=Pong, worker_id=(str, "unknown"))
     evolved.AVRO_NAME = Pong.AVRO_NAME

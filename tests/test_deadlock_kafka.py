@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from agents import ArbiterClient, LeaseDenied, SagaAborted
-from arbiter.contract import CompensationRequested, DeadlockDetected, WaitEdgeAdded, WaitEdgeRemoved
 from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
-from arbiter.settings import Settings
-from arbiter.topics import ensure_topics
+from contract import CompensationRequested, DeadlockDetected, WaitEdgeAdded, WaitEdgeRemoved
+from contract.settings import Settings
+from runtime.topics import ensure_topics
 from tools.ledger import Ledger
 
 from .conftest import assert_clean_audit, fresh_postgres_schema, isolated_settings

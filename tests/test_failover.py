@@ -7,10 +7,10 @@ import time
 import pytest
 
 from agents import ArbiterClient, ArbiterTimeout, LeaseDenied
-from arbiter.contract import LockReleased
 from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool
-from arbiter.settings import Settings
+from contract import LockReleased
+from contract.settings import Settings
 
 pytestmark = pytest.mark.kafka
 

@@ -14,8 +14,8 @@ import pytest
 from agents import ArbiterClient, LeaseDenied, Outcome
 from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
-from arbiter.settings import Settings
-from arbiter.topics import ensure_topics
+from contract.settings import Settings
+from runtime.topics import ensure_topics
 from tools.ledger import Ledger
 
 from .conftest import fresh_postgres_schema, isolated_settings

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from arbiter.contract import Cause, Holder, LockGranted, LockQueued, Record, ToolIntent, default_codec
-from arbiter.settings import Settings
+from contract import Cause, Holder, LockGranted, LockQueued, Record, ToolIntent, default_codec
+from contract.settings import Settings
 
 pytestmark = pytest.mark.kafka
 

@@ -11,7 +11,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents import ArbiterClient, LeaseDenied
-from arbiter.contract import (
+from arbiter.demo import key_for_partition
+from arbiter.processes import WorkerPool, wait_until_served
+from contract import (
     LockDenied,
     LockExpired,
     LockGranted,
@@ -21,9 +23,7 @@ from arbiter.contract import (
     Record,
     default_codec,
 )
-from arbiter.demo import key_for_partition
-from arbiter.processes import WorkerPool, wait_until_served
-from arbiter.settings import Settings
+from contract.settings import Settings
 
 pytestmark = pytest.mark.kafka
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from arbiter.contract import ToolIntent
+from contract import ToolIntent
 from tools.ledger import Ledger, merge_patch, register_ledger_tools
 from tools.registry import ToolRegistry
 

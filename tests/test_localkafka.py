@@ -14,8 +14,8 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from arbiter.localkafka import LocalKafka, LocalKafkaError, broker_answers
-from arbiter.settings import Settings, load_settings
-from arbiter.topics import ensure_topics
+from contract.settings import Settings, load_settings
+from runtime.topics import ensure_topics
 
 pytestmark = pytest.mark.kafka
 

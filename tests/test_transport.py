@@ -7,9 +7,9 @@ import inspect
 from aiokafka import AIOKafkaConsumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
-from arbiter.settings import Settings
-from streams.app import create_app, faust_settings
-from streams.transport import Consumer, Transport
+from contract.settings import Settings
+from runtime.transport import Consumer, Transport
+from runtime.worker import create_app, faust_settings
 
 
 async def test_aiokafka_reads_the_fetch_wait_from_the_attribute_we_set() -> None:
@@ -45,7 +45,7 @@ async def test_the_worker_consumer_really_gets_our_fetch_wait(tmp_path) -> None:
 
 
 def test_the_gap_guard_sees_skipped_offsets_only_within_a_generation() -> None:
-    from streams.transport import GapGuard
+    from runtime.transport import GapGuard
 
     guard = GapGuard()
     assert guard.observe("commands", 0, 1, 28) is None  # first delivery of the generation
@@ -59,7 +59,7 @@ def test_the_gap_guard_sees_skipped_offsets_only_within_a_generation() -> None:
 
 
 def test_a_hole_still_there_after_the_restart_is_let_through() -> None:
-    from streams.transport import GapGuard
+    from runtime.transport import GapGuard
 
     guard = GapGuard(permanent=GapGuard.describe("commands", 0, 30))
     assert guard.observe("commands", 0, 1, 29) is None

@@ -11,11 +11,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents import ArbiterClient, ArbiterTimeout
-from arbiter.contract import Cause, DeadLetter, LockRequested, Ping, SagaFinished, default_codec
 from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
-from arbiter.settings import Settings
-from arbiter.topics import ensure_topics
+from contract import Cause, DeadLetter, LockRequested, Ping, SagaFinished, default_codec
+from contract.settings import Settings
+from runtime.topics import ensure_topics
 
 from .conftest import isolated_settings
 

@@ -9,8 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from arbiter.contract import ToolIntent
-from streams.gateway import ToolOutcome
+from contract import ToolIntent
+from cores.gateway import ToolOutcome
 
 
 class ToolError(Exception):

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..contract import (
+from contract import (
     Compensated,
     DeadlockDetected,
     LockCancelled,
@@ -28,7 +28,8 @@ from ..contract import (
     ToolApplied,
     ToolRejected,
 )
-from ..settings import Settings
+from contract.settings import Settings
+
 from .checks import (
     CHECKS,
     Findings,

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..contract import (
+from contract import (
     DeadLetter,
     DeadlockDetected,
     LockCancelled,
@@ -42,7 +42,8 @@ from ..contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
-from ..settings import Settings
+from contract.settings import Settings
+
 from .log import Entry, Log, identity
 from .replay import DEAD_LETTER, Output, from_outside
 
@@ -466,7 +467,7 @@ def check_cycles(log: Log, settings: Settings, findings: Findings) -> dict[str, 
 
 @dataclass
 class _Graph:
-    """A plain wait-for graph, independent of ``streams.waitgraph``."""
+    """A plain wait-for graph, independent of ``cores.waitgraph``."""
 
     edges: dict[str, tuple[str, str]] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)

@@ -10,7 +10,8 @@ from typing import Any, NoReturn
 
 import click
 
-from ..settings import Settings
+from contract.settings import Settings
+
 from .log import Log, load_archive, read_log, write_archive
 
 
@@ -57,7 +58,7 @@ def load_log(settings: Settings, archive: Path | None, quiet: bool = False) -> L
 
 
 def _settings_for(ctx: click.Context, log: Log | None = None) -> Settings:
-    from ..cli import _settings
+    from arbiter.cli import _settings
 
     settings = _settings(ctx)
     if log is not None:

@@ -20,8 +20,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic_core import PydanticSerializationError
 
-from ..contract import MODELS, Cause, ContractError, Record, default_codec
-from ..settings import Settings, Topics
+from contract import MODELS, Cause, ContractError, Record, default_codec
+from contract.settings import Settings, Topics
 
 ARCHIVE_FORMAT = "arbiter-log/1"
 _BY_NAME: dict[str, type[Record]] = {cls.__name__: cls for cls in MODELS}

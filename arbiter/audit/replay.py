@@ -2,7 +2,7 @@
 
 ``Engine`` holds the state the three processors keep in tables (lease books,
 contents, wait-for graphs, sagas) in plain dictionaries, and decides each message
-with the same functions the worker calls (``streams.shells``), collecting what the
+with the same functions the worker calls (``shells.processors``), collecting what the
 worker would have sent. Tools are not run again: an accepted intent gets the
 outcome the log recorded for it.
 
@@ -24,15 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from streams.app import resource_shell, shell_routes
-from streams.gateway import ContentState, ToolOutcome
-from streams.leases import LeaseBook
-from streams.resource import ResourceShell
-from streams.saga import COMPENSATED, COMPLETED, Saga
-from streams.shells import edge_problem, on_edge, on_resource_command, on_saga, saga_key_problem
-from streams.waitgraph import VictimPolicy, WaitGraph
-
-from ..contract import (
+from arbiter.history import partition_for
+from contract import (
     CompensationRequested,
     DeadlockDetected,
     LockRequested,
@@ -47,8 +40,15 @@ from ..contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
-from ..history import partition_for
-from ..settings import Settings
+from contract.settings import Settings
+from cores.gateway import ContentState, ToolOutcome
+from cores.leases import LeaseBook
+from cores.saga import COMPENSATED, COMPLETED, Saga
+from cores.waitgraph import VictimPolicy, WaitGraph
+from runtime.worker import resource_shell, shell_routes
+from shells.processors import edge_problem, on_edge, on_resource_command, on_saga, saga_key_problem
+from shells.resource import ResourceShell
+
 from .log import Entry, Log
 
 Output = tuple[str, bytes, Record]
@@ -306,7 +306,7 @@ class Policy:
     @classmethod
     def parse(cls, text: str) -> Policy:
         """``ttl=30s,victim=youngest``: a clear ``ValueError`` for anything else."""
-        from streams.waitgraph import VICTIM_POLICIES
+        from cores.waitgraph import VICTIM_POLICIES
 
         values: dict[str, Any] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):

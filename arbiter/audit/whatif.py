@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ..contract import (
+from contract import (
     DeadlockDetected,
     LockDenied,
     LockExpired,
@@ -16,7 +16,8 @@ from ..contract import (
     ToolApplied,
     ToolRejected,
 )
-from ..settings import Settings
+from contract.settings import Settings
+
 from .log import Log, identity
 from .replay import Policy, simulate
 

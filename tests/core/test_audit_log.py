@@ -28,9 +28,9 @@ from arbiter.audit.log import (
     write_archive,
 )
 from arbiter.audit.replay import Moment, Policy, parse_moment
-from arbiter.contract import MODELS, Cause, DeadLetter, LockGranted, LockRequested
-from arbiter.settings import Topics
-from schemas import SCHEMA_DIR
+from contract import MODELS, Cause, DeadLetter, LockGranted, LockRequested
+from contract.codec import SCHEMA_DIR
+from contract.settings import Topics
 
 from ..avro_strategies import for_record
 
@@ -298,7 +298,7 @@ def test_a_dead_letter_where_events_belong_does_not_crash_the_audit() -> None:
     import asyncio
 
     from arbiter.audit import audit
-    from arbiter.settings import Settings
+    from contract.settings import Settings
 
     letter = DeadLetter(reason="undecodable", detail="", processor="resource", value=b"\xff\xfe", at_ms=T0,
                         source=Cause(topic=TOPICS.resource_commands, partition=0, offset=0))

@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arbiter.contract import Cause, ToolApplied, ToolIntent, ToolRejected
-from streams.gateway import (
+from contract import Cause, ToolApplied, ToolIntent, ToolRejected
+from cores.gateway import (
     GENESIS_HASH,
     Accepted,
     ContentState,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from arbiter.contract import (
+from contract import (
     Cause,
     LockCancelled,
     LockCancelRequested,
@@ -27,7 +27,7 @@ from arbiter.contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
-from streams.leases import LeaseBook, LeaseRules, LockEvent, decide, evolve, new_book, step
+from cores.leases import LeaseBook, LeaseRules, LockEvent, decide, evolve, new_book, step
 
 RES = "account:482"
 

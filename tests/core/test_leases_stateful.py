@@ -8,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from arbiter.contract import (
+from contract import (
     LockCancelled,
     LockCancelRequested,
     LockDenied,
@@ -19,7 +19,7 @@ from arbiter.contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
-from streams.leases import LockEvent
+from cores.leases import LockEvent
 
 from .test_leases import Harness
 
@@ -85,6 +85,8 @@ class LeaseBookMachine(RuleBasedStateMachine):
     @rule(agent=st.sampled_from(AGENTS), token=st.integers(0, 30), dt=st.integers(0, 20))
     def stale_or_foreign_release(self, agent: str, token: int, dt: int) -> None:
         self.now += dt
+        # Time first (expiries, hand-offs): the release is judged against the book as it is then.
+        self.feed(self.h.tick(self.now))
         live = self.h.book.holders.get(token)
         events = self.h.release(agent, token, self.now)
         self.feed(events)

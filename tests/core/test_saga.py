@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from arbiter.contract import (
+from contract import (
     Cause,
     Compensated,
     CompensationRequested,
@@ -23,7 +23,7 @@ from arbiter.contract import (
     ToolIntent,
     ToolRejected,
 )
-from streams.saga import COMPENSATED, COMPLETED, Saga, decide, evolve
+from cores.saga import COMPENSATED, COMPLETED, Saga, decide, evolve
 
 CAUSE = Cause(topic="saga", partition=0, offset=0)
 SAGA = "saga:refactor-7"

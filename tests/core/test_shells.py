@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from arbiter.contract import Ping, SagaStep
-from streams.shells import saga_key_problem
+from contract import Ping, SagaStep
+from shells.processors import saga_key_problem
 
 
 def step(saga_id: str) -> SagaStep:

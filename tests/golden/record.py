@@ -26,8 +26,8 @@ from pathlib import Path
 
 from arbiter.audit.log import Entry, Log, load_archive, write_archive
 from arbiter.audit.replay import outside_inputs, simulate
-from arbiter.contract import LockTick, Ping
-from arbiter.settings import Settings, Topics, load_settings
+from contract import LockTick, Ping
+from contract.settings import Settings, Topics, load_settings
 
 HERE = Path(__file__).resolve().parent
 STORIES = {
@@ -36,7 +36,7 @@ STORIES = {
     "ring": "ring",
     "occ-rebase": "document",
 }
-"""History name -> the swarm story it records (agents.swarm)."""
+"""History name -> the swarm story it records (arbiter.demo.swarm)."""
 PARTITIONS = 2
 
 
@@ -48,11 +48,11 @@ def golden_settings(log: Log | None = None) -> Settings:
 
 async def _run_story(story: str, bootstrap: str, home: Path) -> tuple[Log, Settings]:
     from agents import ArbiterClient
-    from agents.swarm import Plan, SafeWorkspace, Tally, run_swarm
     from arbiter.audit.log import read_log
     from arbiter.demo import key_for_partition
+    from arbiter.demo.swarm import Plan, SafeWorkspace, Tally, run_swarm
     from arbiter.processes import WorkerPool, wait_until_served
-    from arbiter.topics import ensure_topics
+    from runtime.topics import ensure_topics
     from tools.ledger import Ledger
 
     run = uuid.uuid4().hex[:8]

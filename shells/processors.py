@@ -1,6 +1,6 @@
 """The deadlock and saga processors' decisions, with their outputs, minus the tables.
 
-The worker (``streams.app``) keeps the state in changelogged tables and calls these
+The worker (``runtime.worker``) keeps the state in changelogged tables and calls these
 with a ``send`` that produces to Kafka; audit and replay (``arbiter.audit``) call the
 very same functions with dictionaries and a ``send`` that collects. So the log is
 replayed through exactly the code that wrote it.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from arbiter.contract import (
+from contract import (
     Cause,
     CompensationRequested,
     ContractError,
@@ -25,13 +25,13 @@ from arbiter.contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
+from cores import saga as saga_core
+from cores.leases import RESOURCE_LOCK_COMMANDS
+from cores.saga import Saga
+from cores.waitgraph import VictimPolicy, WaitGraph, detect, revocations
+from cores.waitgraph import evolve as evolve_graph
 
-from . import saga as saga_core
-from .leases import RESOURCE_LOCK_COMMANDS
 from .resource import SAGA_PREFIX, ResourceShell, Send
-from .saga import Saga
-from .waitgraph import VictimPolicy, WaitGraph, detect, revocations
-from .waitgraph import evolve as evolve_graph
 
 
 @dataclass(frozen=True)

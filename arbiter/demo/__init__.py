@@ -6,7 +6,7 @@ SQLite ledger; given ``--bootstrap`` and ``--ledger-dsn`` it uses those. It stop
 what it started on the way out, Ctrl-C included, and audits the log it wrote (a
 partial one too).
 
-The swarm (``agents.swarm``) uses only the public SDK. While it runs, a read-only
+The swarm (``arbiter.demo.swarm``) uses only the public SDK. While it runs, a read-only
 consumer of the run's decision topics draws the live view: leases held and queued per
 resource, grants, rejections by reason, deadlocks and compensations, and progress.
 """
@@ -29,7 +29,9 @@ import click
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.partitioner import DefaultPartitioner
 
-from .contract import (
+from arbiter.localkafka import LocalKafka, LocalKafkaError, broker_answers
+from arbiter.processes import WorkerPool
+from contract import (
     Compensated,
     DeadlockDetected,
     LockCancelled,
@@ -46,10 +48,8 @@ from .contract import (
     ToolRejected,
     default_codec,
 )
-from .localkafka import LocalKafka, LocalKafkaError, broker_answers
-from .processes import WorkerPool
-from .settings import Settings, Topics
-from .topics import ensure_topics
+from contract.settings import Settings, Topics
+from runtime.topics import ensure_topics
 
 
 def key_for_partition(partition: int, partitions: int, prefix: str = "demo:") -> str:
@@ -80,7 +80,7 @@ class LiveState:
 
     def feed(self, record: Record) -> None:
         """Fold one decision (a redelivered copy counts once)."""
-        from .audit.log import identity
+        from arbiter.audit.log import identity
 
         if isinstance(record, LockGranted | LockQueued | DeadlockDetected | Compensated | SagaFinished | ToolApplied
                       | ToolRejected | LockDenied):
@@ -209,10 +209,9 @@ class RunResult:
 
 async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: LiveState, screen: Screen) -> Any:
     from agents import ArbiterClient
-    from agents.swarm import SafeWorkspace, Tally, run_swarm
+    from arbiter.demo.swarm import SafeWorkspace, Tally, run_swarm
+    from arbiter.processes import wait_until_served
     from tools.ledger import Ledger
-
-    from .processes import wait_until_served
 
     ledger = Ledger(settings.ledger_url())
     ledger.add_accounts(plan.accounts())
@@ -246,7 +245,7 @@ async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: Liv
 
 
 async def _unsafe_swarm(plan: Any, ledger_path: Path) -> Any:
-    from agents.swarm import Tally, UnsafeWorkspace, run_swarm
+    from arbiter.demo.swarm import Tally, UnsafeWorkspace, run_swarm
     from tools.ledger import Ledger, register_ledger_tools
     from tools.registry import ToolRegistry
 
@@ -322,9 +321,9 @@ def run_settings(settings: Settings, run: str, ledger_dsn: str | None) -> Settin
 
 
 def _audit_run(settings: Settings, complete: bool, html: Path) -> dict[str, Any]:
-    from .audit import audit
-    from .audit.html import render
-    from .audit.log import read_log, write_archive
+    from arbiter.audit import audit
+    from arbiter.audit.html import render
+    from arbiter.audit.log import read_log, write_archive
 
     log = asyncio.run(read_log(settings))
     write_archive(html.with_name("log.jsonl"), log)
@@ -361,9 +360,8 @@ def demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool
 
 
 def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool, ledger_dsn: str | None) -> None:
-    from agents.swarm import Plan
-
-    from .cli import _fail, _settings
+    from arbiter.cli import _fail, _settings
+    from arbiter.demo.swarm import Plan
 
     if workers < 1 or speed <= 0:
         _fail("--workers must be at least 1 and --speed above 0")

@@ -31,7 +31,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from arbiter.contract import (
+from contract import (
     Cause,
     Compensated,
     CompensationRequested,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 
-from arbiter.contract import Cause, ContractError, DeadLetter
+from contract import Cause, ContractError, DeadLetter
 
 ROOM_FOR_ENVELOPE = 16 * 1024
 

@@ -20,7 +20,7 @@ from typing import Any, cast
 import faust
 from faust.serializers import codecs
 
-from arbiter.contract import (
+from contract import (
     Cause,
     ContractError,
     DeadlockDetected,
@@ -33,12 +33,14 @@ from arbiter.contract import (
     WaitEdgeRemoved,
     default_codec,
 )
-from arbiter.settings import Settings
-
-from .deadletter import dead_letter
-from .gateway import GatewayRules
-from .leases import LeaseRules
-from .resource import (
+from contract.settings import Settings
+from cores.gateway import GatewayRules
+from cores.leases import LeaseRules
+from cores.saga import Saga
+from cores.waitgraph import Edge, WaitGraph
+from shells.deadletter import dead_letter
+from shells.processors import Routes, edge_problem, on_edge, on_resource_command, on_saga, saga_key_problem
+from shells.resource import (
     Outputs,
     ResourceShell,
     Send,
@@ -48,10 +50,8 @@ from .resource import (
     content_from_bytes,
     content_to_bytes,
 )
-from .saga import Saga
-from .shells import Routes, edge_problem, on_edge, on_resource_command, on_saga, saga_key_problem
+
 from .transport import GapGuard, Transport
-from .waitgraph import Edge, WaitGraph
 
 Handler = Callable[[Any, Record, Cause, int], Awaitable[None]]
 """handle(event, decoded record, cause, now_ms): one processor's decision."""
@@ -97,7 +97,7 @@ codecs.register("arbiter-saga", SagaCodec())
 
 
 class ArbiterApp(faust.App):
-    """faust App that uses Arbiter's transport (see ``streams.transport``)."""
+    """faust App that uses Arbiter's transport (see ``runtime.transport``)."""
 
     arbiter_fetch_max_wait_ms: int | None = None
 
@@ -270,7 +270,7 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
                 except ContractError as error:
                     await reject(event, cause, error, name)
                     continue
-                # The broker's append time: the same on every redelivery (see streams.leases).
+                # The broker's append time: the same on every redelivery (see cores.leases).
                 now_ms = round(msg.timestamp * 1000) if msg.timestamp else _now_ms()
                 try:
                     await handle(event, record, cause, now_ms)

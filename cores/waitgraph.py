@@ -29,7 +29,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from arbiter.contract import Cause, DeadlockDetected, LockRevokeRequested, WaitEdgeAdded, WaitEdgeRemoved
+from contract import Cause, DeadlockDetected, LockRevokeRequested, WaitEdgeAdded, WaitEdgeRemoved
 
 GraphEvent = WaitEdgeAdded | WaitEdgeRemoved | DeadlockDetected
 VictimPolicy = Literal["priority", "youngest", "oldest"]

@@ -32,10 +32,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agents import ArbiterClient, LeaseDenied, LeaseLost, Outcome, SagaAborted, SagaStepRejected
 from tools.ledger import Ledger
 from tools.registry import ToolRegistry
-
-from . import ArbiterClient, LeaseDenied, LeaseLost, Outcome, SagaAborted, SagaStepRejected
 
 STORIES = ("refunds", "slow", "ring", "document")
 RING = ("routing", "refactoring", "testing", "documentation")
@@ -220,7 +219,7 @@ class UnsafeWorkspace:
         return None
 
     async def write(self, handle: Any, tool: str, args: dict[str, Any], base_version: int | None) -> Outcome:
-        from arbiter.contract import ToolIntent
+        from contract import ToolIntent
 
         resource = handle if isinstance(handle, str) else handle.resource
         intent = ToolIntent(intent_id=uuid.uuid4().hex, agent_id=self.agent_id, resource=resource, token=None,

@@ -14,7 +14,7 @@ topic can carry several message types (the resource-command topic carries lock
 commands and tool intents in one order).
 
 Decoding looks the fingerprint up among the current schemas and the superseded ones
-in ``schemas/history``; a superseded writer schema is resolved against the current
+in ``contract/history``; a superseded writer schema is resolved against the current
 reader schema, so fields added later with defaults are filled in.
 
 Every way a message can fail to decode raises one error type, ``ContractError``,
@@ -37,9 +37,10 @@ import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 from pydantic import ValidationError
 
-from schemas import SCHEMA_DIR
-
 from .models import MODELS, Record
+
+SCHEMA_DIR = Path(__file__).resolve().parent
+"""Where the ``.avsc`` files live: beside the models that mirror them."""
 
 MAGIC = b"\xc3\x01"
 HEADER_SIZE = len(MAGIC) + 8
@@ -104,7 +105,7 @@ class Codec:
         self._writers: dict[bytes, _Writer] = {}
         self.schema_files: dict[str, Path] = {}
         current_parsed: dict[str, Any] = {}
-        for path in sorted(p for p in schema_dir.rglob("*.avsc") if "history" not in p.parts):
+        for path in sorted(p for p in schema_dir.rglob("*.avsc") if "history" not in p.relative_to(schema_dir).parts):
             raw, parsed, fp = _load(path)
             name = _full_name(raw)
             if name in self.schema_files:
@@ -112,7 +113,7 @@ class Codec:
             self.schema_files[name] = path
             model = by_name.get(name)
             if model is None:
-                raise ValueError(f"schema {name} ({path}) has no model in arbiter.contract.models")
+                raise ValueError(f"schema {name} ({path}) has no model in contract.models")
             self._current[model] = (fp, parsed)
             self._writers[fp] = _Writer(name, parsed, None, model)
             current_parsed[name] = parsed

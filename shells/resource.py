@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Every command for a resource arrives on the resource-command topic, keyed by the
-resource, and is decided here in log order by ``streams.leases.step``. The decision's
+resource, and is decided here in log order by ``cores.leases.step``. The decision's
 time is the broker's append time of the command (``LogAppendTime``), so a redelivered
 command gets the same decision and audit can replay it exactly.
 
@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from aiokafka.partitioner import DefaultPartitioner
 
-from arbiter.contract import (
+from contract import (
     Cause,
     Holder,
     LockTick,
@@ -40,10 +40,9 @@ from arbiter.contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
-
-from . import gateway
-from .gateway import Accepted, ContentState, GatewayEvent, GatewayRules, ToolOutcome
-from .leases import LeaseBook, LeaseRules, LockCommand, LockEvent, new_book, step
+from cores import gateway
+from cores.gateway import Accepted, ContentState, GatewayEvent, GatewayRules, ToolOutcome
+from cores.leases import LeaseBook, LeaseRules, LockCommand, LockEvent, new_book, step
 
 SAGA_PREFIX = "saga:"
 Send = Callable[[str, bytes, Record], Awaitable[None]]

@@ -39,7 +39,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from arbiter.contract import Cause, ToolApplied, ToolIntent, ToolRejected
+from contract import Cause, ToolApplied, ToolIntent, ToolRejected
 
 from .leases import LeaseBook
 

@@ -10,7 +10,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
-from .settings import Settings
+from contract.settings import Settings
 
 TOPIC_CONFIG = {
     # The log is the audit record; nothing ages out.

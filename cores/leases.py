@@ -48,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from arbiter.contract import (
+from contract import (
     Cause,
     Holder,
     LockCancelled,

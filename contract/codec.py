@@ -61,6 +61,7 @@ class ContractError(ValueError):
     retriable = False
 
     def __init__(self, reason: str, detail: str) -> None:
+        reason = str(reason)  # a ``contract.reasons.Reason`` goes on the wire as its plain value
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail

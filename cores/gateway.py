@@ -40,7 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from contract import Cause, ToolApplied, ToolIntent, ToolRejected
+from contract.reasons import Reason, what_to_do
 
+from .fencing import token_problem
 from .leases import LeaseBook
 
 Policy = Literal["pessimistic", "optimistic", "both"]
@@ -143,29 +145,11 @@ class ToolOutcome:
     error: str = ""
 
 
-WHAT_TO_DO = {
-    "invalid_intent": "Send a non-empty resource, agent id, intent id and tool name.",
-    "invalid_arguments": "Send the tool's arguments as one JSON object.",
-    "arguments_too_large": "Send a smaller change (split it), at most the configured size.",
-    "no_policy": "This resource has no write policy; an operator must configure one for its name prefix.",
-    "token_required": "Acquire a lease on the resource and send its fencing token with the write.",
-    "base_version_required": "Read the resource (client.snapshot) and send the version your change is based on.",
-    "stale_fencing_token": "Someone newer holds or held this resource since your lease. Stop: your view is "
-                           "stale. Re-acquire the lease, re-read the resource, and re-plan.",
-    "lease_not_live": "Your lease expired, was released or was revoked. Stop acting on it; re-acquire the lease "
-                      "and re-read the resource before writing.",
-    "not_holder": "That fencing token belongs to another agent's lease. Use your own lease's token.",
-    "lease_not_exclusive": "Writes need an exclusive lease; a shared lease is for reading.",
-    "version_conflict": "The resource changed since your base. Apply your intent on top of the changes listed "
-                        "(rebase), then send it with the current version as base.",
-    "tool_failed": "The tool ran and failed; nothing was applied. Read the error, fix the arguments, retry "
-                   "with a new intent id.",
-    "unknown_tool": "Use one of the tools registered in the worker.",
-}
 
 
-def reject(content: ContentState, book: LeaseBook, intent: ToolIntent, reason: str, now_ms: int, cause: Cause,
-            **extra: Any) -> ToolRejected:
+def reject(content: ContentState, book: LeaseBook, intent: ToolIntent, reason: Reason, now_ms: int, cause: Cause,
+           **extra: Any) -> ToolRejected:
+    """A refusal of ``intent`` with ``reason`` and a diagnostic an LLM can act on."""
     holder = next(iter(book.holders.values()), None)
     diagnostic = {
         "reason": reason,
@@ -180,10 +164,10 @@ def reject(content: ContentState, book: LeaseBook, intent: ToolIntent, reason: s
             "content_hash": content.content_hash,
         },
         **extra,
-        "what_to_do": WHAT_TO_DO.get(reason, "Fix the intent and send it with a new intent id."),
+        "what_to_do": what_to_do(reason),
     }
     return ToolRejected(intent_id=intent.intent_id, agent_id=intent.agent_id, resource=intent.resource,
-                        tool=intent.tool, reason=reason, diagnostic_json=json.dumps(diagnostic, sort_keys=True),
+                        tool=intent.tool, reason=reason.value, diagnostic_json=json.dumps(diagnostic, sort_keys=True),
                         decided_at_ms=now_ms, cause=cause)
 
 
@@ -213,26 +197,26 @@ def check(
     if recorded is not None:
         return recorded
     if not (intent.resource and intent.agent_id and intent.intent_id and intent.tool):
-        return reject(content, book, intent, "invalid_intent", now_ms, cause)
+        return reject(content, book, intent, Reason.INVALID_INTENT, now_ms, cause)
     text = intent.arguments_json
     # A character is at most 4 UTF-8 bytes: encode only when the length alone cannot tell.
     if len(text) * 4 > rules.max_arguments_bytes and len(text.encode()) > rules.max_arguments_bytes:
-        return reject(content, book, intent, "arguments_too_large", now_ms, cause,
+        return reject(content, book, intent, Reason.ARGUMENTS_TOO_LARGE, now_ms, cause,
                        limit_bytes=rules.max_arguments_bytes)
     # Only the shape here: the tool's schema parses the arguments fully before it runs.
     if not (text[:1] == "{" and text[-1:] == "}") and not (text.strip()[:1] == "{" and text.strip()[-1:] == "}"):
-        return reject(content, book, intent, "invalid_arguments", now_ms, cause)
+        return reject(content, book, intent, Reason.INVALID_ARGUMENTS, now_ms, cause)
     if known_tools is not None and intent.tool not in known_tools:
-        return reject(content, book, intent, "unknown_tool", now_ms, cause, known_tools=sorted(known_tools))
+        return reject(content, book, intent, Reason.UNKNOWN_TOOL, now_ms, cause, known_tools=sorted(known_tools))
     policy = rules.policy_for(intent.resource)
     if policy is None:
-        return reject(content, book, intent, "no_policy", now_ms, cause)
+        return reject(content, book, intent, Reason.NO_POLICY, now_ms, cause)
     fenced = policy in ("pessimistic", "both")
     optimistic = policy in ("optimistic", "both")
     if fenced and intent.token is None:
-        return reject(content, book, intent, "token_required", now_ms, cause)
+        return reject(content, book, intent, Reason.TOKEN_REQUIRED, now_ms, cause)
     if optimistic and intent.base_version is None and intent.base_hash is None:
-        return reject(content, book, intent, "base_version_required", now_ms, cause)
+        return reject(content, book, intent, Reason.BASE_VERSION_REQUIRED, now_ms, cause)
     if intent.token is not None:
         problem = _fencing_problem(book, intent, now_ms, rules)
         if problem:
@@ -241,29 +225,22 @@ def check(
     if base is None and intent.base_hash is not None:
         base = _version_of_hash(content, intent.base_hash)
         if base is None:
-            return reject(content, book, intent, "version_conflict", now_ms, cause, changes_since_base=[],
+            return reject(content, book, intent, Reason.VERSION_CONFLICT, now_ms, cause, changes_since_base=[],
                            base_too_old=True)
     if base is not None and base != content.version:
         changes, too_old = changes_since(content, base)
-        return reject(content, book, intent, "version_conflict", now_ms, cause, changes_since_base=changes,
+        return reject(content, book, intent, Reason.VERSION_CONFLICT, now_ms, cause, changes_since_base=changes,
                        base_too_old=too_old or base > content.version)
     return Accepted(intent)
 
 
-def _fencing_problem(book: LeaseBook, intent: ToolIntent, now_ms: int, rules: GatewayRules) -> str | None:
+def _fencing_problem(book: LeaseBook, intent: ToolIntent, now_ms: int, rules: GatewayRules) -> Reason | None:
     token = intent.token
     assert token is not None
-    if token < book.last_token:
-        return "stale_fencing_token"
-    lease = book.holders.get(token)
-    if lease is None or lease.expires_at_ms <= now_ms:
-        # Expired but not yet ticked counts as dead too: time, not the tick, kills a lease.
-        return "lease_not_live"
-    if lease.agent_id != intent.agent_id:
-        return "not_holder"
-    if rules.require_exclusive and lease.mode != "exclusive":
-        return "lease_not_exclusive"
-    return None
+    problem = token_problem(book.holders, book.last_token, intent.agent_id, token, now_ms)
+    if problem is None and rules.require_exclusive and book.holders[token].mode != "exclusive":
+        return Reason.LEASE_NOT_EXCLUSIVE
+    return problem
 
 
 def next_hash(previous: str, intent: ToolIntent) -> str:
@@ -285,7 +262,7 @@ def complete(
                            version=content.version + 1,
                            content_hash=next_hash(content.content_hash, intent), result_json=outcome.result_json,
                            decided_at_ms=now_ms, cause=cause)
-    return reject(content, book, intent, "tool_failed", now_ms, cause, error=outcome.error[:2000])
+    return reject(content, book, intent, Reason.TOOL_FAILED, now_ms, cause, error=outcome.error[:2000])
 
 
 def evolve(content: ContentState, event: GatewayEvent, rules: GatewayRules | None = None) -> ContentState:

@@ -69,6 +69,9 @@ from contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
+from contract.reasons import Reason, what_to_do
+
+from .fencing import token_problem
 
 LockCommand = (
     LockRequested | LockRenewRequested | LockReleaseRequested | LockCancelRequested | LockRevokeRequested | LockTick
@@ -165,7 +168,6 @@ class LeaseBook:
     resource: str
     last_token: int = 0
     clock_ms: int = 0
-    version: int = 0
     seq: int = 0
     holders: dict[int, Lease] = field(default_factory=dict)
     queue: list[Waiter] = field(default_factory=list)
@@ -187,7 +189,6 @@ class LeaseBook:
             "resource": self.resource,
             "last_token": self.last_token,
             "clock_ms": self.clock_ms,
-            "version": self.version,
             "seq": self.seq,
             "holders": [
                 [h.token, h.agent_id, h.request_id, h.mode, h.ttl_ms, h.expires_at_ms]
@@ -208,7 +209,6 @@ class LeaseBook:
             resource=data["resource"],
             last_token=data["last_token"],
             clock_ms=data["clock_ms"],
-            version=data["version"],
             seq=data["seq"],
             holders={h[0]: Lease(*h) for h in data["holders"]},
             queue=[
@@ -220,7 +220,7 @@ class LeaseBook:
 
 def _view(book: LeaseBook) -> LeaseBook:
     """A scratch copy for ``decide`` to fold into; shares the immutable leases and waiters."""
-    return LeaseBook(book.resource, book.last_token, book.clock_ms, book.version, book.seq,
+    return LeaseBook(book.resource, book.last_token, book.clock_ms, book.seq,
                      dict(book.holders), list(book.queue), book.seen)
 
 
@@ -236,7 +236,6 @@ def _apply(book: LeaseBook, event: LockEvent) -> None:
             event.expires_at_ms - event.decided_at_ms, event.expires_at_ms,
         )
         book.last_token = max(book.last_token, event.token)
-        book.version = max(book.version, event.resource_version)
     elif isinstance(event, WaitEdgeAdded | WaitEdgeRemoved):
         for i, w in enumerate(book.queue):
             if event.edge_id == _edge_id(book.resource, w, event.holder):
@@ -300,10 +299,12 @@ DEFAULT_RULES = LeaseRules()
 class _Decision:
     """Collects the events of one decision, folding each into ``view`` as it goes."""
 
-    def __init__(self, view: LeaseBook, now_ms: int, cause: Cause) -> None:
+    def __init__(self, view: LeaseBook, now_ms: int, cause: Cause, version: int) -> None:
         self.view = view
         self.now = now_ms
         self.cause = cause
+        self.version = version
+        """The resource's content version now (the gateway's): every grant reports it."""
         self.events: list[LockEvent] = []
 
     def emit(self, event: LockEvent) -> None:
@@ -328,7 +329,7 @@ class _Decision:
         mine = Holder(agent_id=agent_id, request_id=request_id, token=token, mode=mode, expires_at_ms=expires)
         self.emit(LockGranted(
             request_id=request_id, agent_id=agent_id, resource=self.view.resource, token=token, mode=mode,
-            expires_at_ms=expires, holders=[*self.holders_list(), mine], resource_version=self.view.version,
+            expires_at_ms=expires, holders=[*self.holders_list(), mine], resource_version=self.version,
             warnings=warnings, decided_at_ms=self.now, cause=self.cause,
         ))
 
@@ -382,7 +383,7 @@ class _Decision:
                     cause=self.cause,
                 ))
 
-    def deny(self, request_id: str, agent_id: str, reason: str, detail: dict[str, Any]) -> None:
+    def deny(self, request_id: str, agent_id: str, reason: Reason, detail: dict[str, Any]) -> None:
         diagnostic = {
             "reason": reason,
             "resource": self.view.resource,
@@ -393,51 +394,32 @@ class _Decision:
                              "expires_at_ms": h.expires_at_ms} for h in self.view.holders.values()],
                 "waiting": len(self.view.queue),
             },
-            "what_to_do": WHAT_TO_DO.get(reason, "Fix the request and send it again."),
+            "what_to_do": what_to_do(reason),
         }
         self.emit(LockDenied(
-            request_id=request_id, agent_id=agent_id, resource=self.view.resource, reason=reason,
+            request_id=request_id, agent_id=agent_id, resource=self.view.resource, reason=reason.value,
             detail=json.dumps(diagnostic, sort_keys=True), decided_at_ms=self.now, cause=self.cause,
         ))
 
 
-WHAT_TO_DO = {
-    "invalid_resource": "Use a non-empty resource name of at most 256 UTF-8 bytes, e.g. 'ticket:cust_8492'.",
-    "invalid_agent": "Send a non-empty agent id.",
-    "invalid_mode": "Use mode 'exclusive' or 'shared'.",
-    "invalid_ttl": "Use a TTL above zero and within the configured maximum; renew long work instead.",
-    "invalid_wait": "Use a wait of zero (try once) or more, within the configured maximum.",
-    "busy": "The resource is held. Retry later, or send a wait time to queue for it.",
-    "already_holder": "You already hold this resource; keep using that lease and its token.",
-    "already_waiting": "You already wait for this resource; wait for that request or cancel it.",
-    "lock_order_violation": "Release the resources later in the global order first, or acquire in sorted order "
-                            "(client.leases does this).",
-    "stale_fencing_token": "Your lease is gone and someone newer was granted. Stop acting on this resource; "
-                           "re-acquire it and re-read its state before you continue.",
-    "lease_not_live": "Your lease expired, was released or was revoked. Stop acting on this resource; "
-                      "re-acquire it and re-read its state before you continue.",
-    "not_holder": "That token belongs to another agent. Use your own lease's token.",
-    "not_waiting": "There is no queued request with that id for you (it may already have been granted).",
-    "nothing_to_revoke": "The agent holds and waits for nothing on this resource.",
-}
 
 
 def _edge_id(resource: str, waiter: Waiter, holder: str) -> str:
     return f"lock|{resource}|{waiter.request_id}|{holder}"
 
 
-def _validate_acquire(cmd: LockRequested, rules: LeaseRules) -> tuple[str, dict[str, Any]] | None:
+def _validate_acquire(cmd: LockRequested, rules: LeaseRules) -> tuple[Reason, dict[str, Any]] | None:
     if not cmd.resource or len(cmd.resource.encode()) > rules.max_resource_bytes:
-        return "invalid_resource", {"you_sent": {"resource_bytes": len(cmd.resource.encode())},
+        return Reason.INVALID_RESOURCE, {"you_sent": {"resource_bytes": len(cmd.resource.encode())},
                                     "limit_bytes": rules.max_resource_bytes}
     if not cmd.agent_id:
-        return "invalid_agent", {}
+        return Reason.INVALID_AGENT, {}
     if cmd.mode not in MODES:
-        return "invalid_mode", {"you_sent": {"mode": cmd.mode[:64]}, "allowed": list(MODES)}
+        return Reason.INVALID_MODE, {"you_sent": {"mode": cmd.mode[:64]}, "allowed": list(MODES)}
     if cmd.ttl_ms <= 0 or cmd.ttl_ms > rules.max_ttl_ms:
-        return "invalid_ttl", {"you_sent": {"ttl_ms": cmd.ttl_ms}, "max_ttl_ms": rules.max_ttl_ms}
+        return Reason.INVALID_TTL, {"you_sent": {"ttl_ms": cmd.ttl_ms}, "max_ttl_ms": rules.max_ttl_ms}
     if cmd.wait_ms < 0 or cmd.wait_ms > rules.max_wait_ms:
-        return "invalid_wait", {"you_sent": {"wait_ms": cmd.wait_ms}, "max_wait_ms": rules.max_wait_ms}
+        return Reason.INVALID_WAIT, {"you_sent": {"wait_ms": cmd.wait_ms}, "max_wait_ms": rules.max_wait_ms}
     return None
 
 
@@ -465,16 +447,16 @@ def _acquire(d: _Decision, cmd: LockRequested, rules: LeaseRules) -> None:
     warnings: list[str] = []
     order = _lock_order_problem(cmd) if rules.lock_order != "off" else None
     if order and rules.lock_order == "reject":
-        d.deny(cmd.request_id, cmd.agent_id, "lock_order_violation", {"problem": order})
+        d.deny(cmd.request_id, cmd.agent_id, Reason.LOCK_ORDER_VIOLATION, {"problem": order})
         return
     if order:
         warnings.append(order)
     view = d.view
     if any(h.agent_id == cmd.agent_id for h in view.holders.values()):
-        d.deny(cmd.request_id, cmd.agent_id, "already_holder", {})
+        d.deny(cmd.request_id, cmd.agent_id, Reason.ALREADY_HOLDER, {})
         return
     if any(w.agent_id == cmd.agent_id for w in view.queue):
-        d.deny(cmd.request_id, cmd.agent_id, "already_waiting", {})
+        d.deny(cmd.request_id, cmd.agent_id, Reason.ALREADY_WAITING, {})
         return
     ahead = sum(1 for w in view.queue if w.priority >= cmd.priority)
     if ahead == 0 and d.compatible(cmd.mode):
@@ -483,7 +465,7 @@ def _acquire(d: _Decision, cmd: LockRequested, rules: LeaseRules) -> None:
         d.refresh_edges()
         return
     if cmd.wait_ms == 0:
-        d.deny(cmd.request_id, cmd.agent_id, "busy", {"you_sent": {"mode": cmd.mode, "wait_ms": 0}})
+        d.deny(cmd.request_id, cmd.agent_id, Reason.BUSY, {"you_sent": {"mode": cmd.mode, "wait_ms": 0}})
         return
     d.emit(LockQueued(
         request_id=cmd.request_id, agent_id=cmd.agent_id, resource=view.resource, mode=cmd.mode,
@@ -495,15 +477,9 @@ def _acquire(d: _Decision, cmd: LockRequested, rules: LeaseRules) -> None:
     d.refresh_edges()
 
 
-def _token_problem(d: _Decision, agent_id: str, token: int) -> tuple[str, dict[str, Any]] | None:
-    lease = d.view.holders.get(token)
-    sent = {"you_sent": {"token": token, "agent_id": agent_id}}
-    if lease is None:
-        reason = "stale_fencing_token" if token < d.view.last_token else "lease_not_live"
-        return reason, sent
-    if lease.agent_id != agent_id:
-        return "not_holder", sent
-    return None
+def _token_problem(d: _Decision, agent_id: str, token: int) -> tuple[Reason, dict[str, Any]] | None:
+    reason = token_problem(d.view.holders, d.view.last_token, agent_id, token, d.now)
+    return None if reason is None else (reason, {"you_sent": {"token": token, "agent_id": agent_id}})
 
 
 def _renew(d: _Decision, cmd: LockRenewRequested, rules: LeaseRules) -> None:
@@ -514,7 +490,7 @@ def _renew(d: _Decision, cmd: LockRenewRequested, rules: LeaseRules) -> None:
     lease = d.view.holders[cmd.token]
     ttl = cmd.ttl_ms if cmd.ttl_ms is not None else lease.ttl_ms
     if ttl <= 0 or ttl > rules.max_ttl_ms:
-        d.deny(cmd.request_id, cmd.agent_id, "invalid_ttl", {"you_sent": {"ttl_ms": ttl},
+        d.deny(cmd.request_id, cmd.agent_id, Reason.INVALID_TTL, {"you_sent": {"ttl_ms": ttl},
                                                              "max_ttl_ms": rules.max_ttl_ms})
         return
     d.emit(LockRenewed(request_id=cmd.request_id, agent_id=cmd.agent_id, resource=d.view.resource,
@@ -535,7 +511,7 @@ def _cancel(d: _Decision, cmd: LockCancelRequested) -> None:
     waiter = next((w for w in d.view.queue
                    if w.request_id == cmd.target_request_id and w.agent_id == cmd.agent_id), None)
     if waiter is None:
-        d.deny(cmd.request_id, cmd.agent_id, "not_waiting", {"you_sent": {"target_request_id":
+        d.deny(cmd.request_id, cmd.agent_id, Reason.NOT_WAITING, {"you_sent": {"target_request_id":
                                                                           cmd.target_request_id}})
         return
     d.remove_edges(waiter)
@@ -549,7 +525,7 @@ def _revoke(d: _Decision, cmd: LockRevokeRequested) -> None:
               if h.agent_id == cmd.agent_id and (cmd.token is None or h.token == cmd.token)]
     waiters = [w for w in d.view.queue if w.agent_id == cmd.agent_id] if cmd.token is None else []
     if not leases and not waiters:
-        d.deny(cmd.request_id, cmd.agent_id, "nothing_to_revoke", {"you_sent": {"token": cmd.token}})
+        d.deny(cmd.request_id, cmd.agent_id, Reason.NOTHING_TO_REVOKE, {"you_sent": {"token": cmd.token}})
         return
     for lease in leases:
         d.emit(LockRevoked(request_id=lease.request_id, agent_id=lease.agent_id, resource=d.view.resource,
@@ -570,10 +546,11 @@ _HANDLERS: dict[type, Callable[[_Decision, Any, LeaseRules], None]] = {
 }
 
 
-def _run(view: LeaseBook, command: LockCommand, now_ms: int, cause: Cause, rules: LeaseRules) -> list[LockEvent]:
+def _run(view: LeaseBook, command: LockCommand, now_ms: int, cause: Cause, rules: LeaseRules,
+         version: int) -> list[LockEvent]:
     if not isinstance(command, LockTick) and _is_duplicate(view, command.request_id):
         return []
-    d = _Decision(view, max(now_ms, view.clock_ms), cause)
+    d = _Decision(view, max(now_ms, view.clock_ms), cause, version)
     if view.holders or view.queue:
         d.advance_time()
         if d.events:
@@ -585,21 +562,26 @@ def _run(view: LeaseBook, command: LockCommand, now_ms: int, cause: Cause, rules
 
 
 def decide(
-    book: LeaseBook, command: LockCommand, now_ms: int, cause: Cause, rules: LeaseRules = DEFAULT_RULES
+    book: LeaseBook, command: LockCommand, now_ms: int, cause: Cause, rules: LeaseRules = DEFAULT_RULES,
+    version: int = 0,
 ) -> list[LockEvent]:
-    """The events ``command`` causes on ``book`` at ``now_ms`` (the book is not changed)."""
-    return _run(_view(book), command, now_ms, cause, rules)
+    """The events ``command`` causes on ``book`` at ``now_ms`` (the book is not changed).
+
+    ``version`` is the resource's content version (the gateway's), reported in grants.
+    """
+    return _run(_view(book), command, now_ms, cause, rules, version)
 
 
 def step(
-    book: LeaseBook, command: LockCommand, now_ms: int, cause: Cause, rules: LeaseRules = DEFAULT_RULES
+    book: LeaseBook, command: LockCommand, now_ms: int, cause: Cause, rules: LeaseRules = DEFAULT_RULES,
+    version: int = 0,
 ) -> list[LockEvent]:
     """``decide`` and ``evolve`` fused: apply ``command`` to ``book`` in place, return its events.
 
     Equal, by construction and by test, to folding ``decide``'s events with ``evolve``;
     it only saves folding every event twice, which the processor's hot path needs.
     """
-    events = _run(book, command, now_ms, cause, rules)
+    events = _run(book, command, now_ms, cause, rules, version)
     for event in events:
         _stamp(book, event, rules)
     return events

@@ -36,6 +36,7 @@ from .models import (
     ToolRejected,
     WaitEdgeAdded,
     WaitEdgeRemoved,
+    WorkerStarted,
 )
 
 __all__ = [
@@ -75,5 +76,6 @@ __all__ = [
     "ToolRejected",
     "WaitEdgeAdded",
     "WaitEdgeRemoved",
+    "WorkerStarted",
     "default_codec",
 ]

@@ -485,6 +485,18 @@ class Pong(Record):
     cause: Cause
 
 
+class WorkerStarted(Record):
+    """A worker's announcement when it starts: the rules it decides by, for audit and replay."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.system.WorkerStarted"
+
+    worker_id: str
+    rules_json: str
+    processing_guarantee: str
+    partitions: int
+    started_at_ms: int
+
+
 class DeadLetter(Record):
     """A message a processor could not use, kept with the reason and its original bytes."""
 

@@ -32,6 +32,8 @@ class Topics(BaseModel):
     """Saga decisions; key: saga id."""
     dead_letter: str = "arbiter.deadletter"
     """Messages a processor could not use, with the reason and the original bytes."""
+    workers: str = "arbiter.workers"
+    """Each worker's announcement when it starts: the rules it decides by; key: worker id."""
 
     def all(self) -> list[str]:
         """Every topic, in a stable order."""

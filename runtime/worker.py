@@ -14,47 +14,21 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import faust
 from faust.serializers import codecs
 
-from contract import (
-    Cause,
-    ContractError,
-    DeadlockDetected,
-    LockTick,
-    Ping,
-    Pong,
-    Record,
-    ToolIntent,
-    WaitEdgeAdded,
-    WaitEdgeRemoved,
-    default_codec,
-)
+from contract import Cause, ContractError, LockTick, Record, ToolIntent, WorkerStarted, default_codec
+from contract.clock import now_ms
 from contract.settings import Settings
-from cores.gateway import GatewayRules
-from cores.leases import LeaseRules
 from cores.saga import Saga
-from cores.waitgraph import Edge, WaitGraph
+from shells import RowGraphStore, Rules, ToolRunner, build_shells
 from shells.deadletter import dead_letter
-from shells.processors import Routes, edge_problem, on_edge, on_resource_command, on_saga, saga_key_problem
-from shells.resource import (
-    Outputs,
-    ResourceShell,
-    Send,
-    ToolRunner,
-    book_from_bytes,
-    book_to_bytes,
-    content_from_bytes,
-    content_to_bytes,
-)
+from shells.resource import book_from_bytes, book_to_bytes, content_from_bytes, content_to_bytes
 
 from .transport import GapGuard, Transport
 
-Handler = Callable[[Any, Record, Cause, int], Awaitable[None]]
-"""handle(event, decoded record, cause, now_ms): one processor's decision."""
 RESOURCE_PROCESSOR = "resource"
 DEADLOCK_PROCESSOR = "deadlock"
 SAGA_PROCESSOR = "saga"
@@ -110,15 +84,6 @@ def worker_id(settings: Settings) -> str:
     return settings.worker_id or f"{socket.gethostname()}:{os.getpid()}"
 
 
-def lease_rules(settings: Settings) -> LeaseRules:
-    """The lease book's rules from settings."""
-    return LeaseRules(
-        max_ttl_ms=settings.max_ttl_ms,
-        max_wait_ms=settings.max_wait_ms,
-        lock_order=settings.lock_order,
-    )
-
-
 def faust_settings(settings: Settings) -> dict[str, Any]:
     """faust settings, each chosen for Arbiter (README "Worker tuning" says why)."""
     settings.home.mkdir(parents=True, exist_ok=True)
@@ -160,27 +125,6 @@ def raw_key_table(app: faust.App, name: str, value_serializer: str, partitions: 
     return app.tables.add(table)
 
 
-def shell_routes(settings: Settings) -> Routes:
-    """Where the deadlock and saga processors send their outputs."""
-    t = settings.topics
-    return Routes(t.resource_commands, t.agent_inbox, t.wait_edges, t.saga_commands, t.saga_events)
-
-
-def resource_shell(settings: Settings, books: Any, contents: Any, tools: ToolRunner, send: Send,
-                   after_tool: Any = None) -> ResourceShell:
-    """The resource processor's shell over ``books``/``contents`` (tables, or dicts in a replay)."""
-    topics = settings.topics
-    return ResourceShell(
-        books=books, contents=contents, partitions=settings.partitions, rules=lease_rules(settings),
-        gate_rules=GatewayRules(policies=Settings.parse_policies(settings.policies),
-                                max_arguments_bytes=settings.max_patch_bytes),
-        tools=tools,
-        outputs=Outputs(topics.resource_events, topics.agent_inbox, topics.wait_edges, settings.graph_key.encode(),
-                        saga_topic=topics.saga_commands),
-        send=send, after_tool=after_tool or (lambda _intent: None),
-    )
-
-
 def default_tools(settings: Settings) -> ToolRunner:
     """The ledger's tools against the configured database."""
     from tools.ledger import Ledger, register_ledger_tools
@@ -214,10 +158,6 @@ def restart_worker() -> None:
     os.execv(sys.executable, [sys.executable, "-m", "arbiter", *sys.argv[1:]])
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterApp:
     """Build the faust app and register every processor (``tools``: the ledger's by default)."""
     app = ArbiterApp(settings.app_id, **faust_settings(settings))
@@ -225,14 +165,13 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
     codec = default_codec(settings.max_message_bytes)
     me = worker_id(settings)
     topics = settings.topics
+    rules = Rules.from_settings(settings)
 
     def raw_topic(name: str) -> Any:
         return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
     commands = raw_topic(topics.resource_commands)
     dead_letters = raw_topic(topics.dead_letter)
-    books = raw_key_table(app, "leases", "arbiter-leasebook", settings.partitions)
-    contents = raw_key_table(app, "contents", "arbiter-content", settings.partitions)
 
     async def send(topic: str, key: bytes, record: Record) -> None:
         # Straight to faust's producer: Topic.send adds futures, callbacks and sensors
@@ -240,11 +179,26 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         producer = await app.maybe_start_producer()
         await producer.send(topic, key, codec.encode(record), None, None, None)
 
-    shell = resource_shell(settings, books, contents, tools or default_tools(settings), send, failpoint(settings))
+    def generation() -> int | None:
+        return cast(int | None, app.consumer_generation_id)
 
-    async def reject(event: Any, cause: Cause, error: ContractError, processor: str = RESOURCE_PROCESSOR) -> None:
+    shells = build_shells(
+        rules, topics, settings.partitions,
+        books=raw_key_table(app, "leases", "arbiter-leasebook", settings.partitions),
+        contents=raw_key_table(app, "contents", "arbiter-content", settings.partitions),
+        # One small changelog entry per edge (not the whole graph per write): the graph is
+        # rebuilt in memory from the table after a rebalance.
+        graphs=RowGraphStore(raw_key_table(app, "waitedges", "raw", settings.partitions), generation),
+        sagas=raw_key_table(app, "sagas", "arbiter-saga", settings.partitions),
+        tools=tools or default_tools(settings), send=send, worker_id=me, generation=generation,
+        after_tool=failpoint(settings),
+        on_detection=lambda d: app.log.warning("deadlock %s: victim %s, cycle %s", d.detection_id, d.victim,
+                                               " -> ".join(d.cycle)),
+    )
+
+    async def reject(event: Any, cause: Cause, error: ContractError, processor: str) -> None:
         letter = dead_letter(error, processor=processor, source=cause, key=event.key,
-                             value=bytes(event.value or b""), now_ms=_now_ms(),
+                             value=bytes(event.value or b""), now_ms=now_ms(),
                              max_message_bytes=settings.max_message_bytes)
         await dead_letters.send(key=event.key, value=codec.encode(letter))
         app.log.warning("dead-lettered %s[%d]@%d: %s", cause.topic, cause.partition, cause.offset, error)
@@ -252,8 +206,10 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
     gaps = GapGuard(os.environ.pop(GapGuard.RESTART_ENV, "")) \
         if settings.processing_guarantee == "at_least_once" else None
 
-    def processor(topic: Any, name: str, handle: Handler) -> None:
-        """Register a thin processor: decode (dead-lettering what does not), then ``handle``."""
+    def processor(name: str, topic_name: str) -> None:
+        """Register a thin processor: decode (dead-lettering what does not), then the topic's shell."""
+        shell = shells.for_topic(topic_name)
+        assert shell is not None
 
         async def run(stream: Any) -> None:
             async for event in stream.events():
@@ -271,9 +227,9 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
                     await reject(event, cause, error, name)
                     continue
                 # The broker's append time: the same on every redelivery (see cores.leases).
-                now_ms = round(msg.timestamp * 1000) if msg.timestamp else _now_ms()
+                at_ms = round(msg.timestamp * 1000) if msg.timestamp else now_ms()
                 try:
-                    await handle(event, record, cause, now_ms)
+                    problem = await shell.handle(event.key, record, at_ms, cause)
                 except Exception as exc:
                     # A bug, not bad input. Carrying on would leave a table behind the events
                     # already sent, so stop the worker: it restarts from the last committed
@@ -281,92 +237,22 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
                     app.log.exception("%s processor failed on %r; stopping the worker", name, msg)
                     await app.crash(exc)
                     raise
+                if problem is not None:
+                    await reject(event, cause, problem, name)
 
         run.__name__ = run.__qualname__ = f"{name}_processor"
-        app.agent(topic, name=name)(run)
+        app.agent(raw_topic(topic_name), name=name)(run)
 
-    async def handle(event: Any, command: Record, cause: Cause, now_ms: int) -> None:
-        """Decide one resource command."""
-        if isinstance(command, Ping):
-            await send(topics.agent_inbox, command.agent_id.encode(), Pong(
-                ping_id=command.ping_id, agent_id=command.agent_id, worker_id=me, decided_at_ms=now_ms,
-                cause=cause))
-            return
-        problem = await on_resource_command(shell, event.key, command, now_ms, cause, app.consumer_generation_id)
-        if problem is not None:
-            await reject(event, cause, problem)
+    processor(RESOURCE_PROCESSOR, topics.resource_commands)
+    processor(DEADLOCK_PROCESSOR, topics.wait_edges)
+    processor(SAGA_PROCESSOR, topics.saga_commands)
 
-    routes = shell_routes(settings)
-    edges_topic = raw_topic(topics.wait_edges)
-    # One small changelog entry per edge (not the whole graph per write): the graph is
-    # rebuilt in memory from the table after a rebalance. Key: graph key NUL edge id.
-    edge_rows = raw_key_table(app, "waitedges", "raw", settings.partitions)
-    graph_cache: dict[bytes, WaitGraph] = {}
-    cache_generation: list[int | None] = [None]
-
-    def graph_for(key: bytes) -> WaitGraph:
-        if cache_generation[0] != app.consumer_generation_id:
-            graph_cache.clear()
-            cache_generation[0] = app.consumer_generation_id
-        graph = graph_cache.get(key)
-        if graph is None:
-            graph = WaitGraph()
-            prefix = key + b"\x00"
-            for row_key, row in list(edge_rows.items()):
-                if row_key.startswith(prefix):
-                    edge_id = row_key[len(prefix):].decode()
-                    if row == b"cancelled":
-                        graph.cancelled[edge_id] = None
-                    else:
-                        graph.add(Edge.from_row(json.loads(row)))
-            graph_cache[key] = graph
-        return graph
-
-    def save_graph(key: bytes, graph: WaitGraph, edges_before: set[str], cancelled_before: set[str]) -> None:
-        prefix = key + b"\x00"
-        for edge_id in edges_before - graph.edges.keys():
-            edge_rows.pop(prefix + edge_id.encode(), None)
-        for edge_id in graph.edges.keys() - edges_before:
-            edge_rows[prefix + edge_id.encode()] = json.dumps(graph.edges[edge_id].to_row()).encode()
-        for edge_id in graph.cancelled.keys() - cancelled_before:
-            edge_rows[prefix + edge_id.encode()] = b"cancelled"
-        for edge_id in cancelled_before - graph.cancelled.keys():
-            if edge_id not in graph.edges:
-                edge_rows.pop(prefix + edge_id.encode(), None)
-
-    async def handle_edge(event: Any, edge: Record, cause: Cause, now_ms: int) -> None:
-        """Fold one wait-for edge into its graph and act on the deadlocks it closes."""
-        problem = edge_problem(edge)
-        if problem is not None:
-            await reject(event, cause, problem, DEADLOCK_PROCESSOR)
-            return
-        if isinstance(edge, DeadlockDetected):
-            return  # our own decisions, logged beside the edges they were made from
-        assert isinstance(edge, WaitEdgeAdded | WaitEdgeRemoved)
-        graph = graph_for(event.key)
-        edges_before, cancelled_before = set(graph.edges), set(graph.cancelled)
-        for detection in await on_edge(graph, event.key, edge, now_ms, cause, routes, send):
-            app.log.warning("deadlock %s: victim %s, cycle %s", detection.detection_id, detection.victim,
-                            " -> ".join(detection.cycle))
-        save_graph(event.key, graph, edges_before, cancelled_before)
-
-    saga_topic = raw_topic(topics.saga_commands)
-    sagas = raw_key_table(app, "sagas", "arbiter-saga", settings.partitions)
-
-    async def handle_saga(event: Any, record: Record, cause: Cause, now_ms: int) -> None:
-        """Decide one saga message: an agent's step or abort, or an answer to the saga's own agent."""
-        problem = saga_key_problem(event.key, record)
-        if problem is not None:
-            await reject(event, cause, problem, SAGA_PROCESSOR)
-            return
-        saga_id = event.key.decode()
-        saga = sagas.get(event.key) or Saga(saga_id)
-        await on_saga(saga, event.key, record, now_ms, cause, routes, send)
-        sagas[event.key] = saga
-
-    processor(commands, RESOURCE_PROCESSOR, handle)
-    processor(edges_topic, DEADLOCK_PROCESSOR, handle_edge)
-    processor(saga_topic, SAGA_PROCESSOR, handle_saga)
+    @app.task  # type: ignore[untyped-decorator]
+    async def announce_rules() -> None:
+        # The rules this worker decides by go into the log, so audit and replay use them.
+        await send(topics.workers, me.encode(), WorkerStarted(
+            worker_id=me, rules_json=rules.to_json(), processing_guarantee=settings.processing_guarantee,
+            partitions=settings.partitions, started_at_ms=now_ms()))
 
     stall = {"remaining": -1, "since": time.monotonic()}
 
@@ -397,7 +283,7 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         # One tick per partition this worker owns: expiry decisions go through the log.
         owned = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == topics.resource_commands)
         for partition in owned:
-            tick = LockTick(tick_id=f"{me}:{partition}:{next(tick_ids)}", partition=partition, sent_at_ms=_now_ms())
+            tick = LockTick(tick_id=f"{me}:{partition}:{next(tick_ids)}", partition=partition, sent_at_ms=now_ms())
             await commands.send(key=TICK_KEY, value=codec.encode(tick), partition=partition)
 
     return app

@@ -1,0 +1,92 @@
+"""Processor shells: each feeds one pure core and owns its state-store interface, with no Kafka.
+
+The worker (``runtime.worker``) builds them over changelogged tables and a producer;
+audit and replay (``arbiter.audit.replay``) build the very same shells over dicts and a
+collector. ``build_shells`` is the one place both get them from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from contract import Cause, ContractError, DeadlockDetected, Record, ToolIntent
+from contract.settings import Topics
+from cores.gateway import ContentState
+from cores.leases import LeaseBook
+from cores.saga import Saga
+
+from .deadlock import DeadlockShell, DictGraphStore, GraphStore, RowGraphStore
+from .resource import ResourceShell, ToolRunner
+from .routes import SAGA_PREFIX, Routes, Send
+from .rules import Rules
+from .saga import SagaShell
+
+__all__ = [
+    "SAGA_PREFIX",
+    "DeadlockShell",
+    "DictGraphStore",
+    "GraphStore",
+    "ResourceShell",
+    "Routes",
+    "RowGraphStore",
+    "Rules",
+    "SagaShell",
+    "Send",
+    "Shell",
+    "Shells",
+    "ToolRunner",
+    "build_shells",
+]
+
+
+class Shell(Protocol):
+    """One processor: decide one decoded input; an error says why it must be dead-lettered."""
+
+    async def handle(self, key: bytes | None, record: Record, now_ms: int, cause: Cause) -> ContractError | None:
+        """Decide ``record`` (keyed ``key``) at the broker time ``now_ms``; send what it causes."""
+
+
+@dataclass
+class Shells:
+    """The three processors, and which input topic each reads."""
+
+    resource: ResourceShell
+    deadlock: DeadlockShell
+    saga: SagaShell
+    topics: Topics
+
+    def for_topic(self, topic: str) -> Shell | None:
+        """The processor that reads ``topic`` (None: no processor reads it)."""
+        readers: dict[str, Shell] = {self.topics.resource_commands: self.resource,
+                                     self.topics.wait_edges: self.deadlock, self.topics.saga_commands: self.saga}
+        return readers.get(topic)
+
+
+def build_shells(
+    rules: Rules,
+    topics: Topics,
+    partitions: int,
+    *,
+    books: MutableMapping[bytes, LeaseBook],
+    contents: MutableMapping[bytes, ContentState],
+    graphs: GraphStore,
+    sagas: MutableMapping[bytes, Saga],
+    tools: ToolRunner,
+    send: Send,
+    worker_id: str = "replay",
+    generation: Callable[[], int | None] = lambda: 0,
+    after_tool: Callable[[ToolIntent], None] = lambda _intent: None,
+    on_detection: Callable[[DeadlockDetected], None] = lambda _detection: None,
+) -> Shells:
+    """The three shells over the given stores, deciding by ``rules`` and sending with ``send``."""
+    routes = Routes.of(topics, rules.graph_key)
+    return Shells(
+        resource=ResourceShell(books=books, contents=contents, partitions=partitions, rules=rules.leases,
+                               gate_rules=rules.gateway, tools=tools, routes=routes, send=send, worker_id=worker_id,
+                               generation=generation, after_tool=after_tool),
+        deadlock=DeadlockShell(graphs, routes, send, rules.victim_policy, on_detection),
+        saga=SagaShell(sagas, routes, send),
+        topics=topics,
+    )

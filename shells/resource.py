@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from aiokafka.partitioner import DefaultPartitioner
-
 from contract import (
     Cause,
+    ContractError,
     Holder,
     LockTick,
+    Ping,
+    Pong,
     Record,
     ResourceSnapshot,
     SnapshotRequested,
@@ -40,17 +41,17 @@ from contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
+from contract.partitioning import partition_for
+from contract.reasons import Reason
 from cores import gateway
 from cores.gateway import Accepted, ContentState, GatewayEvent, GatewayRules, ToolOutcome
-from cores.leases import LeaseBook, LeaseRules, LockCommand, LockEvent, new_book, step
+from cores.leases import RESOURCE_LOCK_COMMANDS, LeaseBook, LeaseRules, LockCommand, LockEvent, new_book, step
 
-SAGA_PREFIX = "saga:"
-Send = Callable[[str, bytes, Record], Awaitable[None]]
-"""send(topic, key, record): queue one output."""
+from .routes import Routes, Send
 
 
 class ToolRunner(Protocol):
-    """What the shell needs from a worker's tool registry (``tools.registry.ToolRegistry``)."""
+    """What the shell needs from a worker's tools (``tools.registry.ToolRegistry`` is one)."""
 
     def names(self) -> frozenset[str]:
         """Registered tool names."""
@@ -63,25 +64,8 @@ class ToolRunner(Protocol):
 
 
 @dataclass
-class Outputs:
-    """Where decisions go."""
-
-    events_topic: str
-    inbox_topic: str
-    edges_topic: str
-    graph_key: bytes
-    saga_topic: str = ""
-    """Where answers to a saga's own agent go (its id starts with ``saga:``): the saga
-    processor reads them there, beside the saga's other commands, in one order."""
-
-    def reply_to(self, agent_id: str) -> str:
-        """The topic an answer for ``agent_id`` goes to."""
-        return self.saga_topic if self.saga_topic and agent_id.startswith(SAGA_PREFIX) else self.inbox_topic
-
-
-@dataclass
 class ResourceShell:
-    """Everything the resource processor does besides I/O, given a table and a sender."""
+    """Everything the resource processor does besides I/O, given its tables and a sender."""
 
     books: MutableMapping[bytes, LeaseBook]
     contents: MutableMapping[bytes, ContentState]
@@ -89,12 +73,43 @@ class ResourceShell:
     rules: LeaseRules
     gate_rules: GatewayRules
     tools: ToolRunner
-    outputs: Outputs
+    routes: Routes
     send: Send
+    worker_id: str = "replay"
+    """Named in the answers to pings (which decide nothing)."""
+    generation: Callable[[], int | None] = lambda: 0
+    """The consumer group generation: the expiry index is rebuilt when it changes."""
     after_tool: Callable[[ToolIntent], None] = lambda _intent: None
     """Called between a tool's run and the record of its outcome (fault injection in tests)."""
     _deadlines: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)
     _indexed_generation: int | None = None
+
+    async def handle(self, key: bytes | None, command: Record, now_ms: int, cause: Cause) -> ContractError | None:
+        """Decide one message of the resource-command topic; an error says why it must be dead-lettered."""
+        if isinstance(command, LockTick):
+            await self.tick(command, now_ms, cause)
+            return None
+        if isinstance(command, Ping):
+            await self.send(self.routes.agent_inbox, command.agent_id.encode(), Pong(
+                ping_id=command.ping_id, agent_id=command.agent_id, worker_id=self.worker_id,
+                decided_at_ms=now_ms, cause=cause))
+            return None
+        if not isinstance(command, (*RESOURCE_LOCK_COMMANDS, ToolIntent, SnapshotRequested)):
+            return ContractError(Reason.UNSUPPORTED_COMMAND, f"{type(command).__name__} has no handler in this worker")
+        if key is None or key != command.resource.encode():
+            # Decided under another key, the resource would have two orders.
+            return ContractError(Reason.KEY_MISMATCH, f"message key {key!r} is not the resource {command.resource!r}")
+        if isinstance(command, ToolIntent):
+            await self.execute(key, command, now_ms, cause)
+        elif isinstance(command, SnapshotRequested):
+            await self.snapshot(key, command, now_ms, cause)
+        else:
+            await self.decide(key, command, now_ms, cause)
+        return None
+
+    def _version(self, key: bytes) -> int:
+        content = self.contents.get(key)
+        return content.version if content is not None else 0
 
     async def decide(self, key: bytes, command: LockCommand, now_ms: int, cause: Cause) -> list[LockEvent]:
         """Decide one lock command for the resource ``key`` and publish the result."""
@@ -102,10 +117,7 @@ class ResourceShell:
         fresh = book is None
         if book is None:
             book = new_book(key.decode("utf-8", errors="replace"))
-        content = self.contents.get(key)
-        if content is not None:
-            book.version = content.version  # grants tell the agent the content version
-        events = step(book, command, now_ms, cause, self.rules)
+        events = step(book, command, now_ms, cause, self.rules, self._version(key))
         await self._publish(key, events)
         if not (fresh and book.is_idle() and book.last_token == 0):
             # A command that changed nothing on a never-used resource (bad input, say)
@@ -123,13 +135,14 @@ class ResourceShell:
         if verdict is content.outcomes.get(intent.intent_id):
             # Seen before: answer again, never run again, record nothing new.
             assert not isinstance(verdict, Accepted)
-            await self.send(self.outputs.reply_to(intent.agent_id), intent.agent_id.encode(), verdict)
+            await self.send(self.routes.reply_to(intent.agent_id), intent.agent_id.encode(), verdict)
             return verdict
         event: GatewayEvent
         if isinstance(verdict, Accepted):
             arguments = self.tools.parse(intent)
             if isinstance(arguments, str):
-                event = gateway.reject(content, book, intent, "invalid_arguments", now_ms, cause, problem=arguments)
+                event = gateway.reject(content, book, intent, Reason.INVALID_ARGUMENTS, now_ms, cause,
+                                       problem=arguments)
             else:
                 outcome = await self.tools.run(intent, arguments)
                 self.after_tool(intent)
@@ -137,8 +150,8 @@ class ResourceShell:
         else:
             event = verdict
         gateway.evolve(content, event, self.gate_rules)
-        await self.send(self.outputs.events_topic, key, event)
-        await self.send(self.outputs.reply_to(intent.agent_id), intent.agent_id.encode(), event)
+        await self.send(self.routes.resource_events, key, event)
+        await self.send(self.routes.reply_to(intent.agent_id), intent.agent_id.encode(), event)
         self.contents[key] = content
         return event
 
@@ -148,7 +161,7 @@ class ResourceShell:
         book = self.books.get(key) or new_book(resource)
         content = self.contents.get(key) or ContentState(resource)
         live = [h for h in book.holders.values() if h.expires_at_ms > now_ms]
-        await self.send(self.outputs.inbox_topic, request.agent_id.encode(), ResourceSnapshot(
+        await self.send(self.routes.agent_inbox, request.agent_id.encode(), ResourceSnapshot(
             request_id=request.request_id, agent_id=request.agent_id, resource=resource, version=content.version,
             content_hash=content.content_hash, high_water_token=book.last_token,
             holders=[Holder(agent_id=h.agent_id, request_id=h.request_id, token=h.token, mode=h.mode,
@@ -156,8 +169,9 @@ class ResourceShell:
             decided_at_ms=now_ms, cause=cause,
         ))
 
-    async def tick(self, tick: LockTick, now_ms: int, cause: Cause, generation: int | None) -> int:
+    async def tick(self, tick: LockTick, now_ms: int, cause: Cause) -> int:
         """Advance time on one partition: decide the tick for every book that is due."""
+        generation = self.generation()
         if generation != self._indexed_generation:
             self._rebuild_index(generation)
         heap = self._deadlines.setdefault(cause.partition, [])
@@ -168,17 +182,12 @@ class ResourceShell:
             due = book.next_deadline() if book is not None else None
             if book is None or due is None or due > now_ms:
                 continue  # stale entry: the book moved on since it was indexed
-            events = step(book, tick, now_ms, cause, self.rules)
+            events = step(book, tick, now_ms, cause, self.rules, self._version(key))
             await self._publish(key, events)
             self.books[key] = book
             self._remember_deadline(cause.partition, key, book)
             touched += 1
         return touched
-
-    def partition_of(self, key: bytes) -> int:
-        """The partition the producers' default partitioner gives ``key``."""
-        parts = list(range(self.partitions))
-        return int(DefaultPartitioner()(key, parts, parts))
 
     def _remember_deadline(self, partition: int, key: bytes, book: LeaseBook) -> None:
         due = book.next_deadline()
@@ -190,17 +199,17 @@ class ResourceShell:
         for key, book in list(self.books.items()):
             due = book.next_deadline()
             if due is not None:
-                heapq.heappush(self._deadlines.setdefault(self.partition_of(key), []), (due, key))
+                heapq.heappush(self._deadlines.setdefault(partition_for(key, self.partitions), []), (due, key))
         self._indexed_generation = generation
 
     async def _publish(self, key: bytes, events: Iterable[LockEvent]) -> None:
-        out = self.outputs
+        routes = self.routes
         for event in events:
-            await self.send(out.events_topic, key, event)
+            await self.send(routes.resource_events, key, event)
             if isinstance(event, WaitEdgeAdded | WaitEdgeRemoved):
-                await self.send(out.edges_topic, out.graph_key, event)
+                await self.send(routes.wait_edges, routes.graph_key, event)
             else:
-                await self.send(out.reply_to(event.agent_id), event.agent_id.encode(), event)
+                await self.send(routes.reply_to(event.agent_id), event.agent_id.encode(), event)
 
 
 def content_to_bytes(content: ContentState) -> bytes:

@@ -41,7 +41,7 @@ from .checks import (
     summarize,
 )
 from .log import Log, identity
-from .replay import gc_paused, rederive
+from .replay import gc_paused, rederive, rules_of
 
 __all__ = ["audit", "timeline"]
 
@@ -63,6 +63,9 @@ async def _audit(log: Log, settings: Settings, complete: bool,
     _engine, decided = await rederive(log, settings, progress=progress)
     replayed = time.perf_counter()
     findings = Findings()
+    rules, rule_problems = rules_of(log, settings)
+    for problem in rule_problems:
+        findings.add("determinism", problem, [])
     stats: dict[str, int] = {"messages": len(log)}
     stats |= check_determinism(log, settings, decided, findings)
     del decided, _engine
@@ -86,6 +89,8 @@ async def _audit(log: Log, settings: Settings, complete: bool,
         "span_ms": list(log.span_ms()),
         "checks": {name: {"description": CHECKS[name], **table[name]} for name in CHECKS},
         "stats": stats,
+        "rules": {"source": "announced by the workers in the log" if log.announced_rules()
+                  else "not in the log: this auditor's settings", **rules.to_dict()},
         "timing": {"replay_s": round(replayed - started, 4), "checks_s": round(checked - replayed, 4)},
         "findings": [f.to_dict() for f in ordered],
         "timeline": timeline(log, settings),

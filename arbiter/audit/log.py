@@ -20,7 +20,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic_core import PydanticSerializationError
 
-from contract import MODELS, Cause, ContractError, Record, default_codec
+from contract import MODELS, Cause, ContractError, Record, WorkerStarted, default_codec
 from contract.settings import Settings, Topics
 
 ARCHIVE_FORMAT = "arbiter-log/1"
@@ -61,6 +61,16 @@ class Log:
     source: str = ""
     partition_count: int | None = None
     """Partitions per topic (the processors' partitioner needs it to replay ticks)."""
+    archived_rules: list[str] = field(default_factory=list)
+    """Rules an archive's header names (``rules_json`` of the workers that wrote the log)."""
+
+    def announced_rules(self) -> list[str]:
+        """Every distinct set of rules the workers announced (``WorkerStarted``), first seen first."""
+        found = dict.fromkeys(self.archived_rules)
+        for entry in self.of(self.topics.workers):
+            if isinstance(entry.record, WorkerStarted):
+                found.setdefault(entry.record.rules_json)
+        return list(found)
 
     def __repr__(self) -> str:
         # Short on purpose: asyncio.run (3.11) reprs the result of its main task when it
@@ -244,7 +254,8 @@ def write_archive(path: Path, log: Log) -> int:
     """Write ``log`` as an archive; returns the number of messages written."""
     count = 0
     with path.open("w", encoding="utf-8") as out:
-        header = {"format": ARCHIVE_FORMAT, "topics": log.topics.model_dump(), "partitions": log.partition_count}
+        header = {"format": ARCHIVE_FORMAT, "topics": log.topics.model_dump(), "partitions": log.partition_count,
+                  "rules": log.announced_rules()}
         out.write(json.dumps(header, sort_keys=True) + "\n")
         for entry in log.entries():
             out.write(to_line(entry) + "\n")
@@ -291,4 +302,7 @@ def _header(header: Any, source: str) -> Log:
     partitions = header.get("partitions")
     if partitions is not None and (type(partitions) is not int or partitions < 1):
         raise ValueError(f"partitions {partitions!r}: expected a positive integer or null")
-    return Log(Topics(**topics), source=source, partition_count=partitions)
+    rules = header.get("rules", [])
+    if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+        raise ValueError("rules: expected a list of JSON strings")
+    return Log(Topics(**topics), source=source, partition_count=partitions, archived_rules=rules)

@@ -24,14 +24,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from arbiter.history import partition_for
 from contract import (
     CompensationRequested,
     DeadlockDetected,
     LockRequested,
     LockRevokeRequested,
     LockTick,
-    Ping,
     Record,
     SagaStep,
     ToolApplied,
@@ -40,14 +38,13 @@ from contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
+from contract.partitioning import partition_for
 from contract.settings import Settings
 from cores.gateway import ContentState, ToolOutcome
 from cores.leases import LeaseBook
 from cores.saga import COMPENSATED, COMPLETED, Saga
 from cores.waitgraph import VictimPolicy, WaitGraph
-from runtime.worker import resource_shell, shell_routes
-from shells.processors import edge_problem, on_edge, on_resource_command, on_saga, saga_key_problem
-from shells.resource import ResourceShell
+from shells import DictGraphStore, Rules, Shells, build_shells
 
 from .log import Entry, Log
 
@@ -94,23 +91,54 @@ class RecordedTools:
         return ToolOutcome(False, error="no outcome recorded in the log")
 
 
+def rules_of(log: Log, settings: Settings) -> tuple[Rules, list[str]]:
+    """The rules the log's workers announced (else ``settings``'), and why that may not be the whole story.
+
+    The second value lists problems: rules that do not parse, or workers that decided
+    by different rules (the first announced are used; the audit reports the rest).
+    """
+    announced = log.announced_rules()
+    problems: list[str] = []
+    parsed: list[Rules] = []
+    for text in announced:
+        try:
+            parsed.append(Rules.from_json(text))
+        except ValueError as exc:
+            problems.append(f"announced rules that this Arbiter cannot read: {exc}")
+    if not parsed:
+        if not announced:
+            return Rules.from_settings(settings), []
+        return Rules.from_settings(settings), problems
+    if len({r.to_json() for r in parsed}) > 1:
+        problems.append(f"workers announced {len(parsed)} different sets of rules; the replay uses the first")
+    return parsed[0], problems
+
+
 @dataclass(repr=False)
 class Engine:
-    """The processors' state and decisions, without Kafka."""
+    """The processors' state and decisions, without Kafka: the worker's shells over dicts."""
 
     settings: Settings
     tools: Any
-    victim_policy: VictimPolicy = "priority"
+    rules: Rules | None = None
+    """The rules to decide by (default: ``settings``')."""
+    victim_policy: VictimPolicy | None = None
+    """Overrides the rules' victim policy (what-if)."""
     books: dict[bytes, LeaseBook] = field(default_factory=dict)
     contents: dict[bytes, ContentState] = field(default_factory=dict)
     graphs: dict[bytes, WaitGraph] = field(default_factory=dict)
     sagas: dict[bytes, Saga] = field(default_factory=dict)
     _out: list[Output] = field(default_factory=list)
-    shell: ResourceShell = field(init=False)
+    shells: Shells = field(init=False)
 
     def __post_init__(self) -> None:
-        self.shell = resource_shell(self.settings, self.books, self.contents, self.tools, self._send)
-        self.routes = shell_routes(self.settings)
+        rules = self.rules or Rules.from_settings(self.settings)
+        if self.victim_policy is not None:
+            rules = replace(rules, victim_policy=self.victim_policy)
+        self.rules = rules
+        self.shells = build_shells(rules, self.settings.topics, self.settings.partitions, books=self.books,
+                                   contents=self.contents, graphs=DictGraphStore(self.graphs), sagas=self.sagas,
+                                   tools=self.tools, send=self._send)
 
     def __repr__(self) -> str:  # short: see ``Log.__repr__``
         return (f"<Engine: {len(self.books)} lease books, {len(self.contents)} contents, {len(self.graphs)} graphs, "
@@ -122,27 +150,14 @@ class Engine:
     async def decide(self, entry: Entry) -> list[Output]:
         """What the worker sends for one input message (an input topic's message)."""
         self._out = []
-        topics = self.settings.topics
-        record, key, cause, now = entry.record, entry.key or b"", entry.cause, entry.timestamp_ms
-        if record is None:
-            return [(DEAD_LETTER, key, _NOTHING)]
-        if entry.topic == topics.resource_commands:
-            if not isinstance(record, Ping):
-                problem = await on_resource_command(self.shell, key, record, now, cause, 0)
-                if problem is not None:
-                    self._out.append((DEAD_LETTER, key, _NOTHING))
-        elif entry.topic == topics.wait_edges:
-            if edge_problem(record) is not None:
-                self._out.append((DEAD_LETTER, key, _NOTHING))
-            elif isinstance(record, WaitEdgeAdded | WaitEdgeRemoved):
-                graph = self.graphs.setdefault(key, WaitGraph())
-                await on_edge(graph, key, record, now, cause, self.routes, self._send, self.victim_policy)
-        elif entry.topic == topics.saga_commands:
-            if saga_key_problem(key, record) is not None:
-                self._out.append((DEAD_LETTER, key, _NOTHING))
-            else:
-                saga = self.sagas.setdefault(key, Saga(key.decode()))
-                await on_saga(saga, key, record, now, cause, self.routes, self._send)
+        shell = self.shells.for_topic(entry.topic)
+        if shell is None:
+            return self._out
+        if entry.record is None:
+            return [(DEAD_LETTER, entry.key or b"", _NOTHING)]
+        problem = await shell.handle(entry.key, entry.record, entry.timestamp_ms, entry.cause)
+        if problem is not None:
+            self._out.append((DEAD_LETTER, entry.key or b"", _NOTHING))
         return self._out
 
     def open_sagas(self) -> list[Saga]:
@@ -191,7 +206,7 @@ def inputs(log: Log, settings: Settings) -> Iterator[Entry]:
 async def rederive(log: Log, settings: Settings, engine: Engine | None = None,
                    progress: Callable[[int], None] | None = None) -> tuple[Engine, list[tuple[Entry, list[Output]]]]:
     """Every input and what the processors decide for it, replayed from the log."""
-    engine = engine or Engine(settings, RecordedTools(log))
+    engine = engine or Engine(settings, RecordedTools(log), rules_of(log, settings)[0])
     decided: list[tuple[Entry, list[Output]]] = []
     with gc_paused():
         for count, entry in enumerate(inputs(log, settings), 1):
@@ -259,7 +274,7 @@ async def state_at(log: Log, settings: Settings, moment: Moment) -> dict[str, An
     if moment.topic is not None:
         found = log.find(moment.topic, moment.partition or 0, moment.offset or 0)
         position_ms = found.timestamp_ms if found else None
-    engine = Engine(settings, RecordedTools(log))
+    engine = Engine(settings, RecordedTools(log), rules_of(log, settings)[0])
     last = 0
     with gc_paused():
         for entry in inputs(log, settings):
@@ -284,7 +299,7 @@ def _resource_state(key: bytes, book: LeaseBook, content: ContentState | None) -
     return {
         "resource": key.decode("utf-8", errors="replace"),
         "high_water_token": book.last_token,
-        "version": content.version if content else book.version,
+        "version": content.version if content else 0,
         "holders": [{"agent_id": h.agent_id, "token": h.token, "mode": h.mode, "expires_at_ms": h.expires_at_ms}
                     for h in book.holders.values()],
         "queue": [{"agent_id": w.agent_id, "mode": w.mode, "priority": w.priority, "queued_at_ms": w.queued_at_ms}
@@ -380,7 +395,8 @@ async def simulate(log: Log, settings: Settings, policy: Policy | None = None,
     re-run the agents).
     """
     policy = policy or Policy()
-    engine = Engine(settings, RecordedTools(log, simulated=True), victim_policy=policy.victim)
+    engine = Engine(settings, RecordedTools(log, simulated=True), rules_of(log, settings)[0],
+                    victim_policy=policy.victim)
     inbound = set(input_topics(settings))
     queue = [(entry.timestamp_ms, seq, entry)
              for seq, entry in enumerate(outside if outside is not None else outside_inputs(log, settings, policy))]

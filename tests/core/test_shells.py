@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from contract import Ping, SagaStep
-from shells.processors import saga_key_problem
+from shells.saga import saga_key_problem
 
 
 def step(saga_id: str) -> SagaStep:

@@ -1,0 +1,64 @@
+"""The rules that change decisions, as one value a worker records in the log when it starts.
+
+``arbiter audit`` and ``arbiter replay`` read them back (``WorkerStarted`` on the workers
+topic, and the archive's header), so a log is re-derived with the rules its workers
+decided by, not with whatever the auditor's own settings say today.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from contract.settings import Settings
+from cores.gateway import GatewayRules
+from cores.leases import LeaseRules
+from cores.waitgraph import VICTIM_POLICIES, VictimPolicy
+
+
+@dataclass(frozen=True)
+class Rules:
+    """Everything besides the log that a decision depends on."""
+
+    leases: LeaseRules = field(default_factory=LeaseRules)
+    gateway: GatewayRules = field(default_factory=GatewayRules)
+    graph_key: str = "global"
+    victim_policy: VictimPolicy = "priority"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Rules:
+        """The rules a worker with ``settings`` decides by."""
+        return cls(
+            leases=LeaseRules(max_ttl_ms=settings.max_ttl_ms, max_wait_ms=settings.max_wait_ms,
+                              lock_order=settings.lock_order),
+            gateway=GatewayRules(policies=Settings.parse_policies(settings.policies),
+                                 max_arguments_bytes=settings.max_patch_bytes),
+            graph_key=settings.graph_key,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly form (what ``WorkerStarted.rules_json`` holds)."""
+        gateway = asdict(self.gateway)
+        gateway.pop("_cache", None)
+        return {"leases": asdict(self.leases), "gateway": gateway, "graph_key": self.graph_key,
+                "victim_policy": self.victim_policy}
+
+    def to_json(self) -> str:
+        """Canonical JSON: equal rules give equal text."""
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> Rules:
+        """Inverse of ``to_json``; a ``ValueError`` names what does not fit."""
+        try:
+            data = json.loads(text)
+            gateway = dict(data["gateway"])
+            gateway["policies"] = tuple(tuple(pair) for pair in gateway["policies"])
+            victim = data.get("victim_policy", "priority")
+            if victim not in VICTIM_POLICIES:
+                raise ValueError(f"unknown victim policy {victim!r}")
+            return cls(leases=LeaseRules(**data["leases"]), gateway=GatewayRules(**gateway),
+                       graph_key=str(data["graph_key"]), victim_policy=victim)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"rules do not fit this Arbiter: {exc}") from None

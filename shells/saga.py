@@ -1,0 +1,62 @@
+"""The saga processor's shell: one saga per key, its steps and aborts and the answers to its own agent."""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+
+from contract import (
+    Cause,
+    ContractError,
+    LockReleaseRequested,
+    LockRequested,
+    Record,
+    SagaFinished,
+    ToolIntent,
+)
+from contract.reasons import Reason
+from cores import saga as saga_core
+from cores.saga import Saga
+
+from .routes import SAGA_PREFIX, Routes, Send
+
+
+def saga_key_problem(key: bytes | None, record: Record) -> ContractError | None:
+    """Why a saga message cannot be decided under its key (None: it can)."""
+    try:
+        saga_id = (key or b"").decode()
+    except UnicodeDecodeError:
+        saga_id = ""
+    if not saga_id.startswith(SAGA_PREFIX) or getattr(record, "saga_id", saga_id) != saga_id:
+        return ContractError(Reason.KEY_MISMATCH, f"saga messages are keyed by a saga id starting with "
+                                                  f"{SAGA_PREFIX!r}; got {key!r} for {type(record).__name__}")
+    return None
+
+
+@dataclass
+class SagaShell:
+    """The saga processor: decides each saga message against the saga's state in ``sagas``."""
+
+    sagas: MutableMapping[bytes, Saga]
+    routes: Routes
+    send: Send
+
+    async def handle(self, key: bytes | None, record: Record, now_ms: int, cause: Cause) -> ContractError | None:
+        """Decide one saga message: an agent's step or abort, or an answer to the saga's own agent."""
+        problem = saga_key_problem(key, record)
+        if problem is not None:
+            return problem
+        assert key is not None
+        saga = self.sagas.get(key) or Saga(key.decode())
+        outputs = saga_core.decide(saga, record, now_ms, cause)  # type: ignore[arg-type]
+        saga_core.evolve(saga, record)
+        for output in outputs:
+            saga_core.evolve(saga, output)
+            if isinstance(output, LockRequested | LockReleaseRequested | ToolIntent):
+                await self.send(self.routes.resource_commands, output.resource.encode(), output)
+            else:
+                await self.send(self.routes.saga_events, key, output)
+                if isinstance(output, SagaFinished) and saga.agent_id:
+                    await self.send(self.routes.agent_inbox, saga.agent_id.encode(), output)
+        self.sagas[key] = saga
+        return None

@@ -8,36 +8,16 @@ import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import click
-from pydantic import ValidationError
 
-from contract.settings import Settings, load_settings
 from runtime.topics import TopicError, ensure_topics
 
+from .console import fail, say, settings_of
 from .localkafka import LocalKafka, LocalKafkaError, broker_answers
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _fail(message: str, detail: str = "") -> NoReturn:
-    click.secho(f"error: {message}", fg="red", err=True)
-    if detail:
-        click.echo(detail, err=True)
-    sys.exit(1)
-
-
-def _settings(ctx: click.Context) -> Settings:
-    try:
-        return load_settings(**ctx.obj)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
-        _fail(f"invalid settings: {problems}")
-
-
-def _say(message: str) -> None:
-    click.echo(message, err=True)
 
 
 @click.group()
@@ -63,7 +43,7 @@ def kafka() -> None:
 
 
 def _local(ctx: click.Context) -> LocalKafka:
-    return LocalKafka(_settings(ctx), say=_say)
+    return LocalKafka(settings_of(ctx), say=say)
 
 
 @kafka.command("up")
@@ -74,7 +54,7 @@ def kafka_up(ctx: click.Context, timeout: float) -> None:
     try:
         click.echo(f"kafka: {_local(ctx).up(timeout)}")
     except LocalKafkaError as exc:
-        _fail(str(exc), exc.log_tail)
+        fail(str(exc), exc.log_tail)
 
 
 @kafka.command("down")
@@ -119,13 +99,13 @@ def topics() -> None:
 @click.pass_context
 def topics_create(ctx: click.Context) -> None:
     """Create every topic (co-partitioned, kept forever). Idempotent."""
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     try:
         states = asyncio.run(ensure_topics(settings))
     except TopicError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except Exception as exc:
-        _fail(f"cannot reach Kafka at {settings.bootstrap}: {exc}")
+        fail(f"cannot reach Kafka at {settings.bootstrap}: {exc}")
     for state in states:
         click.echo(f"{'created' if state.created else 'exists '}  {state.name}  ({state.partitions} partitions)")
 
@@ -138,9 +118,9 @@ def topics_create(ctx: click.Context) -> None:
 @click.pass_context
 def worker(ctx: click.Context, loglevel: str) -> None:
     """Run a stream-processor worker. Start more to share the partitions."""
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     if not broker_answers(settings.bootstrap):
-        _fail(f"no Kafka answers at {settings.bootstrap}; start one with 'arbiter kafka up' or pass --bootstrap")
+        fail(f"no Kafka answers at {settings.bootstrap}; start one with 'arbiter kafka up' or pass --bootstrap")
     import faust
 
     from runtime.worker import create_app
@@ -160,7 +140,7 @@ def ping(ctx: click.Context, count: int, timeout: float) -> None:
     """Round trips through the workers: a Ping command in, a Pong in the agent inbox out."""
     from agents import ArbiterClient, ArbiterTimeout
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
 
     async def run() -> list[float]:
         rtts = []
@@ -174,7 +154,7 @@ def ping(ctx: click.Context, count: int, timeout: float) -> None:
     try:
         rtts = asyncio.run(run())
     except ArbiterTimeout as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if rtts:
         click.echo(f"{len(rtts)} round trips: median {statistics.median(rtts):.1f} ms, max {max(rtts):.1f} ms")
 
@@ -194,7 +174,7 @@ def lock() -> None:
 def _lock_call(ctx: click.Context, agent: str, work: Callable[[Any], Any]) -> None:
     from agents import ArbiterClient, ArbiterTimeout, LeaseDenied
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
 
     async def run() -> Any:
         async with ArbiterClient(agent, settings) as client:
@@ -281,11 +261,11 @@ def lock_status(ctx: click.Context, resource: str) -> None:
     """Holders, waiters and the token high-water mark, folded from the event log."""
     from .history import lease_book
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     try:
         book = asyncio.run(lease_book(settings, resource))
     except Exception as exc:
-        _fail(f"cannot read the log at {settings.bootstrap}: {exc}")
+        fail(f"cannot read the log at {settings.bootstrap}: {exc}")
     click.echo(json.dumps({
         "resource": resource,
         "high_water_token": book.last_token,

@@ -15,3 +15,12 @@ def partition_for(key: bytes, partitions: int) -> int:
     """The partition Kafka's default partitioner gives ``key`` among ``partitions``."""
     every = list(range(partitions))
     return int(_PARTITIONER(key, every, every))
+
+
+def key_for_partition(partition: int, partitions: int, prefix: str = "probe:") -> str:
+    """A key (``prefix`` and a number) that lands on ``partition``: for probes, tests and benchmarks."""
+    for i in range(100_000):
+        key = f"{prefix}{i}"
+        if partition_for(key.encode(), partitions) == partition:
+            return key
+    raise ValueError(f"no key with prefix {prefix!r} lands on partition {partition} of {partitions}")

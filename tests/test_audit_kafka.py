@@ -25,8 +25,8 @@ from agents import ArbiterClient
 from arbiter.audit import audit
 from arbiter.audit.log import load_archive, read_log
 from arbiter.cli import main as arbiter_cli
-from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
+from contract.partitioning import key_for_partition
 from contract.settings import Settings
 from runtime.topics import ensure_topics
 from tools.ledger import Ledger

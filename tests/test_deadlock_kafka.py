@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from agents import ArbiterClient, LeaseDenied, SagaAborted
-from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
 from contract import CompensationRequested, DeadlockDetected, WaitEdgeAdded, WaitEdgeRemoved
+from contract.partitioning import key_for_partition
 from contract.settings import Settings
 from runtime.topics import ensure_topics
 from tools.ledger import Ledger
@@ -123,11 +123,13 @@ async def test_ring_of_sagas_victim_is_compensated_and_the_others_finish(bootstr
         assert ledger.invariants()["ok"]
         (detection,) = [r for _o, r in await _read_edge_log(settings) if isinstance(r, DeadlockDetected)]
         assert detection.saga_id and detection.saga_id.startswith("saga:documentation-task:")
-        from arbiter.history import partition_for, read_partition
+        from arbiter.audit.log import read_log
+        from contract.partitioning import partition_for
 
         partition = partition_for(detection.saga_id.encode(), settings.partitions)
-        aborts = [r async for _o, key, r in read_partition(settings, settings.topics.saga_commands, partition)
-                  if key == detection.saga_id.encode() and isinstance(r, CompensationRequested)]
+        sagas = await read_log(settings, only=[(settings.topics.saga_commands, partition)])
+        aborts = [e.record for e in sagas.of(settings.topics.saga_commands)
+                  if e.key == detection.saga_id.encode() and isinstance(e.record, CompensationRequested)]
         assert "deadlock-detector" in {a.requested_by for a in aborts}, "the detector starts the compensation"
         await assert_clean_audit(settings, tmp_path / "ring.log")
     finally:
@@ -194,11 +196,12 @@ def _cyclic(edges: set[tuple[str, str]]) -> bool:
 
 
 async def _read_edge_log(settings: Settings) -> list[tuple[int, Any]]:
-    from arbiter.history import partition_for, read_partition
+    from arbiter.audit.log import read_log
+    from contract.partitioning import partition_for
 
     partition = partition_for(settings.graph_key.encode(), settings.partitions)
-    return [(offset, record) async for offset, _key, record in
-            read_partition(settings, settings.topics.wait_edges, partition)]
+    log = await read_log(settings, only=[(settings.topics.wait_edges, partition)])
+    return [(e.offset, e.record) for e in log.of(settings.topics.wait_edges) if e.record is not None]
 
 
 @pytest.mark.parametrize("agents", [2, 5, 8])

@@ -7,9 +7,9 @@ import time
 import pytest
 
 from agents import ArbiterClient, ArbiterTimeout, LeaseDenied
-from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool
 from contract import LockReleased
+from contract.partitioning import key_for_partition
 from contract.settings import Settings
 
 pytestmark = pytest.mark.kafka

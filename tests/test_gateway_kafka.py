@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from agents import ArbiterClient, LeaseDenied, Outcome
-from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
+from contract.partitioning import key_for_partition
 from contract.settings import Settings
 from runtime.topics import ensure_topics
 from tools.ledger import Ledger

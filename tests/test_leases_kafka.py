@@ -11,7 +11,6 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents import ArbiterClient, LeaseDenied
-from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
 from contract import (
     LockDenied,
@@ -23,6 +22,7 @@ from contract import (
     Record,
     default_codec,
 )
+from contract.partitioning import key_for_partition
 from contract.settings import Settings
 
 pytestmark = pytest.mark.kafka

@@ -11,9 +11,9 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents import ArbiterClient, ArbiterTimeout
-from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
 from contract import Cause, DeadLetter, LockRequested, Ping, SagaFinished, default_codec
+from contract.partitioning import key_for_partition
 from contract.settings import Settings
 from runtime.topics import ensure_topics
 

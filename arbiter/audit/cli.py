@@ -58,9 +58,9 @@ def load_log(settings: Settings, archive: Path | None, quiet: bool = False) -> L
 
 
 def _settings_for(ctx: click.Context, log: Log | None = None) -> Settings:
-    from arbiter.cli import _settings
+    from arbiter.console import settings_of
 
-    settings = _settings(ctx)
+    settings = settings_of(ctx)
     if log is not None:
         # An archive names the topics and the partition count it was recorded with.
         settings = settings.model_copy(update={"topics": log.topics,

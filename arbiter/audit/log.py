@@ -136,8 +136,10 @@ Progress = Callable[[int, int], None]
 """progress(messages read so far, messages in total)."""
 
 
-async def read_log(settings: Settings, progress: Progress | None = None) -> Log:
-    """Every message on Arbiter's topics, from the beginning to their current end."""
+async def read_log(settings: Settings, progress: Progress | None = None,
+                   only: Iterable[tuple[str, int]] | None = None) -> Log:
+    """Every message on Arbiter's topics (or ``only`` those topic partitions), from the beginning
+    to their current end. Read-only: no consumer group, nothing committed."""
     codec = default_codec(settings.max_message_bytes)
     topics = settings.topics
     log = Log(topics, source=f"kafka://{settings.bootstrap}", partition_count=settings.partitions)
@@ -146,8 +148,8 @@ async def read_log(settings: Settings, progress: Progress | None = None) -> Log:
                                 max_partition_fetch_bytes=4 * settings.max_message_bytes)
     await consumer.start()
     try:
-        tps: list[TopicPartition] = []
-        for name in topics.all():
+        tps: list[TopicPartition] = [TopicPartition(topic, partition) for topic, partition in only or ()]
+        for name in topics.all() if only is None else ():
             parts = consumer.partitions_for_topic(name)
             if parts is None:
                 await consumer._client.force_metadata_update()  # topic created moments ago

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -108,3 +108,17 @@ async def assert_clean_audit(settings: Settings, archive: Path | None = None) ->
     problems = [f"{f['check']}: {f['message']} at {f['where']}" for f in report["findings"]]
     assert report["verdict"] == "pass" and not problems, "\n".join(problems)
     return report
+
+
+@pytest.fixture
+async def worker(kafka_settings: Settings, workers: WorkerPool) -> AsyncIterator[WorkerPool]:
+    """One real worker, serving every partition before the test starts."""
+    from agents import ArbiterClient
+    from arbiter.processes import wait_until_served
+    from contract.partitioning import key_for_partition
+
+    workers.start(1)
+    keys = [key_for_partition(p, kafka_settings.partitions) for p in range(kafka_settings.partitions)]
+    async with ArbiterClient("warmup", kafka_settings) as client:
+        await wait_until_served(client, workers, keys)
+    yield workers

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import random
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -23,15 +22,6 @@ from tools.ledger import Ledger
 from .conftest import assert_clean_audit, fresh_postgres_schema, isolated_settings
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture
-async def worker(kafka_settings: Settings, workers: WorkerPool) -> AsyncIterator[WorkerPool]:
-    workers.start(1)
-    keys = [key_for_partition(p, kafka_settings.partitions) for p in range(kafka_settings.partitions)]
-    async with ArbiterClient("warmup", kafka_settings) as client:
-        await wait_until_served(client, workers, keys)
-    yield workers
 
 
 async def test_lock_order_inversion_is_detected_and_resolved(kafka_settings: Settings, worker: WorkerPool) -> None:

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import defaultdict
-from collections.abc import AsyncIterator
 
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents import ArbiterClient, LeaseDenied
-from arbiter.processes import WorkerPool, wait_until_served
+from arbiter.processes import WorkerPool
 from contract import (
     LockDenied,
     LockExpired,
@@ -22,19 +21,9 @@ from contract import (
     Record,
     default_codec,
 )
-from contract.partitioning import key_for_partition
 from contract.settings import Settings
 
 pytestmark = pytest.mark.kafka
-
-
-@pytest.fixture
-async def worker(kafka_settings: Settings, workers: WorkerPool) -> AsyncIterator[WorkerPool]:
-    workers.start(1)
-    keys = [key_for_partition(p, kafka_settings.partitions) for p in range(kafka_settings.partitions)]
-    async with ArbiterClient("warmup", kafka_settings) as client:
-        await wait_until_served(client, workers, keys)
-    yield workers
 
 
 async def read_events(settings: Settings) -> list[Record]:

@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 Commands go to the resource-command topic, keyed by resource (the processors decide
 per key, in order). Outcomes come back on the agent-inbox topic, keyed by agent id.
-The client reads only the inbox partition its agent id hashes to (the producer's
-murmur2 partitioner, the same one the workers use), starting at the end, and hands
-each message to the route registered for its request id. Nothing polls: a waiting
+The Kafka side of that (the producer, and the reader of the one inbox partition this
+agent id lands on) is ``agents.transport``; this module is the facade. It hands each
+inbox record to the route registered for its request id. Nothing polls: a waiting
 call is a suspended future.
 """
 
@@ -22,12 +22,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.partitioner import DefaultPartitioner
-
 from contract import (
     Codec,
-    ContractError,
     DeadlockDetected,
     LockCancelled,
     LockCancelRequested,
@@ -55,11 +51,14 @@ from contract import (
     WaitEdgeRemoved,
     default_codec,
 )
+from contract.clock import now_ms
+from contract.reasons import Reason, what_to_do
 from contract.settings import Settings, load_settings
 
 from .leases import ArbiterError, Lease, LeaseDenied, OnAcquired
 from .outcomes import Outcome, Snapshot
-from .sagas import Saga, SagaAborted
+from .sagas import Saga, SagaAborted, SagaMessage
+from .transport import KafkaTransport
 
 Replan = Callable[[Outcome], Awaitable[tuple[int, dict[str, Any]] | None]]
 """replan(conflict) -> (new base version, new patch), or None to give up."""
@@ -85,10 +84,6 @@ Route = Callable[[Record], None]
 _FINAL_ACQUIRE = (LockGranted, LockDenied, LockWaitTimedOut, LockCancelled)
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 def _new_id() -> str:
     return uuid.uuid4().hex
 
@@ -102,12 +97,10 @@ class ArbiterClient:
         self.agent_id = agent_id
         self.settings = settings or load_settings()
         self.codec = codec or default_codec(self.settings.max_message_bytes)
-        self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._transport = KafkaTransport(agent_id, self.settings, self.codec, self._on_inbox)
         self._routes: dict[str, Route] = {}
         self._held: dict[str, Lease] = {}
-        self.registered_at_ms = _now_ms()
+        self.registered_at_ms = now_ms()
         """When this agent connected: the younger agent loses a deadlock between equals."""
         self.deadlocks: list[DeadlockDetected] = []
         """Every deadlock this agent was chosen to break, newest last."""
@@ -128,78 +121,37 @@ class ArbiterClient:
 
     async def start(self) -> None:
         """Connect, and start reading this agent's inbox from now on."""
-        servers = self.settings.bootstrap
-        self._producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", linger_ms=0,
-                                          max_request_size=2 * self.settings.max_message_bytes)
-        await self._producer.start()
-        inbox = self.settings.topics.agent_inbox
-        partitions = sorted(await self._producer.partitions_for(inbox))
-        partition = DefaultPartitioner()(self.agent_id.encode(), partitions, partitions)
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=servers,
-            enable_auto_commit=False,
-            fetch_max_wait_ms=50,
-            group_id=None,
-            # Under exactly_once, workers write in transactions: never act on an aborted one.
-            isolation_level="read_committed",
-        )
-        await self._consumer.start()
-        tp = TopicPartition(inbox, partition)
-        self._consumer.assign([tp])
-        await self._consumer.seek_to_end(tp)
-        await self._consumer.position(tp)  # pin the position before any command is sent
-        self._reader = asyncio.create_task(self._read_inbox(), name=f"arbiter-inbox-{self.agent_id}")
+        await self._transport.start()
 
     async def close(self) -> None:
         """Stop reading and disconnect. Held leases are left to expire."""
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-            self._reader = None
         self._routes.clear()
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
-        if self._producer is not None:
-            await self._producer.stop()
-            self._producer = None
+        await self._transport.close()
 
-    async def _read_inbox(self) -> None:
-        assert self._consumer is not None
-        own_key = self.agent_id.encode()
-        async for message in self._consumer:
-            if message.key != own_key or message.value is None:
-                continue
-            try:
-                record: Record = self.codec.decode(message.value)
-            except ContractError:
-                continue  # not for a client this version understands; the workers dead-letter
-            if isinstance(record, DeadlockDetected):
-                self.deadlocks.append(record)
-                self._deadlock_seen.set()
-                for running in list(self._sagas.values()):
-                    # A deadlock victim aborts its subtask: compensation starts at once.
-                    self._background(running.abort("deadlock_victim", requested_by="deadlock-detector"))
-                continue
-            key: str | None
-            if isinstance(record, Pong):
-                key = record.ping_id
-            elif isinstance(record, ToolApplied | ToolRejected):
-                key = record.intent_id
-            elif isinstance(record, SagaFinished):
-                key = record.saga_id
-            else:
-                key = getattr(record, "request_id", None)
-            route = self._routes.get(key) if isinstance(key, str) else None
-            if route is not None:
-                route(record)
+    def _on_inbox(self, record: Record) -> None:
+        """Hand one inbox record to the route waiting for it (the transport's callback)."""
+        if isinstance(record, DeadlockDetected):
+            self.deadlocks.append(record)
+            self._deadlock_seen.set()
+            for running in list(self._sagas.values()):
+                # A deadlock victim aborts its subtask: compensation starts at once.
+                self._background(running.abort("deadlock_victim", requested_by="deadlock-detector"))
+            return
+        key: str | None
+        if isinstance(record, Pong):
+            key = record.ping_id
+        elif isinstance(record, ToolApplied | ToolRejected):
+            key = record.intent_id
+        elif isinstance(record, SagaFinished):
+            key = record.saga_id
+        else:
+            key = getattr(record, "request_id", None)
+        route = self._routes.get(key) if isinstance(key, str) else None
+        if route is not None:
+            route(record)
 
     async def _send(self, key: str, record: Record) -> None:
-        if self._producer is None:
-            raise RuntimeError("ArbiterClient is not started; use 'async with ArbiterClient(...)'")
-        await self._producer.send_and_wait(
-            self.settings.topics.resource_commands, key=key.encode(), value=self.codec.encode(record)
-        )
+        await self._transport.send(self.settings.topics.resource_commands, key, record)
 
     async def _call(self, key: str, command: Record, request_id: str, timeout: float,
                     final: tuple[type[Record], ...]) -> Record:
@@ -228,7 +180,7 @@ class ArbiterClient:
         started = time.perf_counter()
         try:
             pong = await self._call(key or f"ping:{ping_id}", Ping(ping_id=ping_id, agent_id=self.agent_id,
-                                                                   sent_at_ms=_now_ms()), ping_id, timeout, (Pong,))
+                                                                   sent_at_ms=now_ms()), ping_id, timeout, (Pong,))
         except ArbiterTimeout:
             raise ArbiterTimeout(f"no Pong within {timeout}s: is a worker running?") from None
         assert isinstance(pong, Pong)
@@ -257,7 +209,7 @@ class ArbiterClient:
         command = LockRequested(
             request_id=request_id, agent_id=self.agent_id, resource=resource, mode=mode, ttl_ms=ttl_ms,
             priority=priority, wait_ms=wait_ms, saga_id=saga_id, held_resources=sorted(self._held),
-            sent_at_ms=_now_ms(),
+            sent_at_ms=now_ms(),
         )
         future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
         lease: Lease | None = None
@@ -281,7 +233,7 @@ class ArbiterClient:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._send(resource, LockCancelRequested(
                     request_id=_new_id(), agent_id=self.agent_id, resource=resource, target_request_id=request_id,
-                    sent_at_ms=_now_ms())))
+                    sent_at_ms=now_ms())))
             if isinstance(exc, asyncio.TimeoutError):
                 raise ArbiterTimeout(f"no decision on {resource!r} within {wait}s plus grace: "
                                      "is a worker running?") from None
@@ -311,8 +263,7 @@ class ArbiterClient:
         notice = self.deadlocks[-1]
         return LeaseDenied(denied.reason, {**denied.diagnostic, "message": notice.message,
                                            "cycle": json.loads(notice.cycle_json),
-                                           "what_to_do": "Abort this subtask: compensate what it did, release "
-                                                         "what it holds, and retry it later."})
+                                           "what_to_do": what_to_do(Reason.DEADLOCK_VICTIM)})
 
     @contextlib.asynccontextmanager
     async def waiting_on(self, other: str, *, priority: int = 0, task: str = "",
@@ -324,38 +275,29 @@ class ArbiterClient:
         """
         edge_id = f"delegation|{self.agent_id}|{other}|{_new_id()}"
         key = self.settings.graph_key
-        await self._send_edge(key, WaitEdgeAdded(
+        await self._transport.send(self.settings.topics.wait_edges, key, WaitEdgeAdded(
             edge_id=edge_id, waiter=self.agent_id, holder=other, source="delegation", resource=None,
             waiter_priority=priority, waiter_registered_at_ms=self.registered_at_ms, saga_id=saga_id,
-            added_at_ms=_now_ms()))
+            added_at_ms=now_ms()))
         try:
             yield
         finally:
-            await asyncio.shield(self._send_edge(key, WaitEdgeRemoved(
+            await asyncio.shield(self._transport.send(self.settings.topics.wait_edges, key, WaitEdgeRemoved(
                 edge_id=edge_id, waiter=self.agent_id, holder=other, source="delegation", resource=None,
-                removed_at_ms=_now_ms())))
+                removed_at_ms=now_ms())))
 
     def delegate(self, to: str, task: str = "", priority: int = 0,
                  saga_id: str | None = None) -> contextlib.AbstractAsyncContextManager[None]:
         """``async with client.delegate(to="testing", task=...)``: wait on the agent you handed work to."""
         return self.waiting_on(to, priority=priority, task=task, saga_id=saga_id)
 
-    async def _send_edge(self, key: str, record: Record) -> None:
-        if self._producer is None:
-            raise RuntimeError("ArbiterClient is not started; use 'async with ArbiterClient(...)'")
-        await self._producer.send_and_wait(self.settings.topics.wait_edges, key=key.encode(),
-                                           value=self.codec.encode(record))
-
     def _background(self, work: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send_saga(self, saga_id: str, record: Record) -> None:
-        if self._producer is None:
-            raise RuntimeError("ArbiterClient is not started; use 'async with ArbiterClient(...)'")
-        await self._producer.send_and_wait(self.settings.topics.saga_commands, key=saga_id.encode(),
-                                           value=self.codec.encode(record))
+    async def _send_saga(self, saga_id: str, record: SagaMessage) -> None:
+        await self._transport.send(self.settings.topics.saga_commands, saga_id, record)
 
     @contextlib.asynccontextmanager
     async def saga(self, name: str, timeout: float = 120.0) -> AsyncIterator[Saga]:
@@ -365,7 +307,7 @@ class ArbiterClient:
         the completed steps) and is re-raised once the saga is ``COMPENSATED``. If the
         agent was chosen as a deadlock victim meanwhile, leaving raises ``SagaAborted``.
         """
-        saga = Saga(self, f"saga:{name}:{_new_id()}")
+        saga = Saga(self, f"saga:{name}:{_new_id()}", self._send_saga)
         finished: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
 
         def route(record: Record) -> None:
@@ -382,7 +324,7 @@ class ArbiterClient:
                 await asyncio.shield(asyncio.wait_for(finished, timeout))
                 raise
             if saga.abort_reason is None:
-                await saga._complete()
+                await saga.complete()
             outcome = await asyncio.wait_for(finished, timeout)
             assert isinstance(outcome, SagaFinished)
             if outcome.outcome != "COMPLETED":
@@ -430,7 +372,7 @@ class ArbiterClient:
         request_id = _new_id()
         outcome = await self._call(resource, LockRenewRequested(
             request_id=request_id, agent_id=self.agent_id, resource=resource, token=token,
-            ttl_ms=None if ttl is None else round(ttl * 1000), sent_at_ms=_now_ms(),
+            ttl_ms=None if ttl is None else round(ttl * 1000), sent_at_ms=now_ms(),
         ), request_id, timeout, (LockRenewed, LockDenied))
         assert isinstance(outcome, LockRenewed | LockDenied)
         return outcome
@@ -439,7 +381,7 @@ class ArbiterClient:
         """Low level: release by token."""
         request_id = _new_id()
         outcome = await self._call(resource, LockReleaseRequested(
-            request_id=request_id, agent_id=self.agent_id, resource=resource, token=token, sent_at_ms=_now_ms(),
+            request_id=request_id, agent_id=self.agent_id, resource=resource, token=token, sent_at_ms=now_ms(),
         ), request_id, timeout, (LockReleased, LockDenied))
         assert isinstance(outcome, LockReleased | LockDenied)
         return outcome
@@ -527,7 +469,7 @@ class ArbiterClient:
             intent_id=intent_id, agent_id=self.agent_id, resource=resource, token=token,
             base_version=base_version, base_hash=base_hash, tool=tool,
             arguments_json=json.dumps(args, sort_keys=True), saga_id=saga_id, step=step,
-            is_compensation=is_compensation, sent_at_ms=_now_ms(),
+            is_compensation=is_compensation, sent_at_ms=now_ms(),
         )
         event = await self._call(resource, intent, intent_id, timeout, (ToolApplied, ToolRejected))
         assert isinstance(event, ToolApplied | ToolRejected)
@@ -543,7 +485,7 @@ class ArbiterClient:
         """The resource's current version, content hash and live holders."""
         request_id = _new_id()
         event = await self._call(resource, SnapshotRequested(
-            request_id=request_id, agent_id=self.agent_id, resource=resource, sent_at_ms=_now_ms(),
+            request_id=request_id, agent_id=self.agent_id, resource=resource, sent_at_ms=now_ms(),
         ), request_id, timeout, (ResourceSnapshot,))
         assert isinstance(event, ResourceSnapshot)
         return Snapshot.from_event(event)

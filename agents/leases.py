@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract import LockCancelled, LockDenied, LockWaitTimedOut
+from contract.reasons import Reason, is_retriable, what_to_do
 
 
 class ArbiterError(Exception):
@@ -58,15 +59,18 @@ class LeaseDenied(ArbiterError):
         if isinstance(record, LockWaitTimedOut):
             return cls("wait_timed_out", {
                 "reason": "wait_timed_out", "resource": record.resource, "waited_ms": record.waited_ms,
-                "what_to_do": "The resource stayed busy. Retry later or wait longer."})
+                "what_to_do": what_to_do(Reason.WAIT_TIMED_OUT)})
         return cls(record.reason, {
             "reason": record.reason, "resource": record.resource,
             "what_to_do": "Your request was withdrawn before it was granted."})
 
     @property
     def retriable(self) -> bool:  # type: ignore[override]
-        """Busy, timed out and cancelled may succeed later; bad input will not."""
-        return self.reason in {"busy", "wait_timed_out", "cancelled_by_agent", "deadlock_victim"}
+        """Busy, timed out, cancelled and deadlock victims may succeed later; bad input will not.
+
+        The one table of which reasons are retriable is ``contract.reasons``.
+        """
+        return is_retriable(self.reason)
 
 
 class LeaseLost(ArbiterError):

@@ -13,21 +13,44 @@ across worker crashes. Exiting the block waits for that outcome.
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from contract import CompensationRequested, SagaStep
+from contract.clock import now_ms
 
-from .leases import ArbiterError, Lease
+from .leases import ArbiterError, Lease, OnAcquired
 from .outcomes import Outcome
-
-if TYPE_CHECKING:
-    from .client import ArbiterClient
 
 Compensation = tuple[str, dict[str, Any]]
 """(tool, arguments) that undo a step."""
+
+SagaMessage = SagaStep | CompensationRequested
+"""What a saga tells the saga processor: a step's result, completion, or a request to compensate."""
+
+SendSagaMessage = Callable[[str, SagaMessage], Awaitable[None]]
+"""send(saga_id, message): sends one message to the saga processor, keyed by the saga's id."""
+
+
+class SagaHost(Protocol):
+    """What a ``Saga`` needs from the client that runs it (``ArbiterClient`` is one).
+
+    Kept here, below the client, so this module never imports it.
+    """
+
+    @property
+    def agent_id(self) -> str: ...
+
+    async def execute(self, lease: Lease | str, tool: str, args: dict[str, Any], *, base_version: int | None = ...,
+                      saga_id: str | None = ..., step: int | None = ...) -> Outcome: ...
+
+    def delegate(self, to: str, task: str = ..., priority: int = ...,
+                 saga_id: str | None = ...) -> AbstractAsyncContextManager[None]: ...
+
+    def lease(self, resource: str, *, ttl: float = ..., mode: str = ..., priority: int = ..., wait: float = ...,
+              saga_id: str | None = ..., on_acquired: OnAcquired | None = ...,
+              renew: bool = ...) -> AbstractAsyncContextManager[Lease]: ...
 
 
 class SagaStepRejected(ArbiterError):
@@ -50,14 +73,12 @@ class SagaAborted(ArbiterError):
 class Saga:
     """A running saga. Created by ``ArbiterClient.saga``."""
 
-    def __init__(self, client: ArbiterClient, saga_id: str) -> None:
+    def __init__(self, client: SagaHost, saga_id: str, send: SendSagaMessage) -> None:
         self.client = client
         self.saga_id = saga_id
         self.steps = 0
         self.abort_reason: str | None = None
-
-    async def _tell(self, record: SagaStep | CompensationRequested) -> None:
-        await self.client._send_saga(self.saga_id, record)
+        self._send = send
 
     async def step(self, lease: Lease | str, tool: str, args: dict[str, Any], *,
                    compensate: Compensation | Callable[[Outcome], Compensation] | None = None,
@@ -76,12 +97,12 @@ class Saga:
         resource = lease.resource if isinstance(lease, Lease) else lease
         undo = compensate(outcome) if callable(compensate) else compensate
         comp_tool, comp_args = undo if undo else (None, None)
-        await self._tell(SagaStep(
+        await self._send(self.saga_id, SagaStep(
             saga_id=self.saga_id, step=step, agent_id=self.client.agent_id,
             status="completed" if outcome.applied else "failed", intent_id=outcome.intent_id, resource=resource,
             tool=tool, arguments_json=json.dumps(args, sort_keys=True), compensate_tool=comp_tool,
             compensate_arguments_json=None if comp_args is None else json.dumps(comp_args, sort_keys=True),
-            at_ms=_now_ms()))
+            at_ms=now_ms()))
         if not outcome.applied:
             raise SagaStepRejected(outcome)
         return outcome
@@ -98,17 +119,14 @@ class Saga:
         """Ask for compensation of every completed step (idempotent)."""
         if self.abort_reason is None:
             self.abort_reason = reason
-        await self._tell(CompensationRequested(saga_id=self.saga_id, reason=reason,
-                                               requested_by=requested_by or self.client.agent_id, at_ms=_now_ms()))
+        await self._send(self.saga_id, CompensationRequested(
+            saga_id=self.saga_id, reason=reason, requested_by=requested_by or self.client.agent_id, at_ms=now_ms()))
 
-    async def _complete(self) -> None:
-        await self._tell(SagaStep(saga_id=self.saga_id, step=-1, agent_id=self.client.agent_id,
-                                  status="saga_completed", intent_id="", resource="", tool="", arguments_json="{}",
-                                  at_ms=_now_ms()))
+    async def complete(self) -> None:
+        """Tell the saga processor every step is done, so the saga ends ``COMPLETED``.
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-
+        ``ArbiterClient.saga`` calls this when its block exits normally (and was not aborted).
+        """
+        await self._send(self.saga_id, SagaStep(
+            saga_id=self.saga_id, step=-1, agent_id=self.client.agent_id, status="saga_completed", intent_id="",
+            resource="", tool="", arguments_json="{}", at_ms=now_ms()))

@@ -153,6 +153,7 @@ class LockGranted(Record):
     holders: list[Holder]
     resource_version: int
     warnings: list[str] = []
+    request_sent_at_ms: int | None = None
     decided_at_ms: int
     cause: Cause
 
@@ -173,6 +174,7 @@ class LockQueued(Record):
     wait_deadline_ms: int
     blocking_agents: list[str]
     warnings: list[str] = []
+    request_sent_at_ms: int | None = None
     decided_at_ms: int
     cause: Cause
 
@@ -187,6 +189,7 @@ class LockDenied(Record):
     resource: str
     reason: str
     detail: str
+    request_sent_at_ms: int | None = None
     decided_at_ms: int
     cause: Cause
 
@@ -201,6 +204,7 @@ class LockRenewed(Record):
     resource: str
     token: int
     expires_at_ms: int
+    request_sent_at_ms: int | None = None
     decided_at_ms: int
     cause: Cause
 
@@ -214,6 +218,7 @@ class LockReleased(Record):
     agent_id: str
     resource: str
     token: int
+    request_sent_at_ms: int | None = None
     decided_at_ms: int
     cause: Cause
 
@@ -242,6 +247,8 @@ class LockRevoked(Record):
     resource: str
     token: int
     reason: str
+    by_request_id: str | None = None
+    request_sent_at_ms: int | None = None
     decided_at_ms: int
     cause: Cause
 
@@ -255,6 +262,8 @@ class LockCancelled(Record):
     agent_id: str
     resource: str
     reason: str
+    by_request_id: str | None = None
+    request_sent_at_ms: int | None = None
     decided_at_ms: int
     cause: Cause
 
@@ -308,6 +317,7 @@ class ToolApplied(Record):
     version: int
     content_hash: str
     result_json: str
+    request_sent_at_ms: int | None = None
     decided_at_ms: int
     cause: Cause
 
@@ -323,6 +333,7 @@ class ToolRejected(Record):
     tool: str
     reason: str
     diagnostic_json: str
+    request_sent_at_ms: int | None = None
     decided_at_ms: int
     cause: Cause
 

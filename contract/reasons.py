@@ -28,6 +28,10 @@ class Reason(StrEnum):
     WAIT_TIMED_OUT = "wait_timed_out"
     CANCELLED_BY_AGENT = "cancelled_by_agent"
     DEADLOCK_VICTIM = "deadlock_victim"
+    # Request ids: one decision per id, ever
+    REQUEST_EXPIRED = "request_expired"
+    CLOCK_SKEW = "clock_skew"
+    REQUEST_ID_TAKEN = "request_id_taken"
     # Fencing: one rule for renew, release and write (``cores.fencing``)
     STALE_FENCING_TOKEN = "stale_fencing_token"
     LEASE_NOT_LIVE = "lease_not_live"
@@ -73,6 +77,12 @@ WHAT_TO_DO: dict[Reason, str] = {
     Reason.WAIT_TIMED_OUT: "The resource stayed busy. Retry later or wait longer.",
     Reason.CANCELLED_BY_AGENT: "Your request was withdrawn before it was granted.",
     Reason.DEADLOCK_VICTIM: "Abort this subtask: compensate what it did, release what it holds, and retry it later.",
+    Reason.REQUEST_EXPIRED: "The command was sent longer ago than the id window, so it is not decided (it may "
+                            "have been already). Read the current state and send a new command with a new id.",
+    Reason.CLOCK_SKEW: "Your clock is ahead of the broker's by more than the allowed skew. Fix the clock (NTP) "
+                       "and send the command again.",
+    Reason.REQUEST_ID_TAKEN: "Another agent's command already has this request id on this resource. Use a fresh, "
+                             "unique id (a UUID).",
     Reason.STALE_FENCING_TOKEN: "Your lease is gone and someone newer was granted. " + _RE_ACQUIRE,
     Reason.LEASE_NOT_LIVE: "Your lease expired, was released or was revoked. " + _RE_ACQUIRE,
     Reason.NOT_HOLDER: "That token belongs to another agent's lease. Use your own lease's token.",

@@ -112,6 +112,19 @@ class Settings(BaseSettings):
     """What to do with a request from an agent that already holds a resource later in
     the global (sorted) order: grant it with a warning, deny it, or not check."""
 
+    id_window_ms: int = Field(default=600_000, ge=1_000)
+    """How long after it was sent a command (or intent) may still be decided. Its id is
+    remembered that long, so a repeat is never decided twice; a command older than this is
+    refused ``request_expired``."""
+
+    clock_skew_ms: int = Field(default=60_000, ge=0)
+    """How far ahead of the broker's clock a sender's may be (``clock_skew`` beyond)."""
+
+    max_remembered_ids: int = Field(default=4096, ge=16)
+    """Per resource, the most request ids (and intent outcomes) remembered. On a resource
+    busier than this within the window the oldest are forgotten early and the window shrinks
+    with them (nothing sent before a forgotten id is decided any more)."""
+
     ledger_dsn: str = ""
     """The ledger database: a ``postgresql://`` DSN, or empty for SQLite at
     ``<home>/ledger.sqlite3``."""

@@ -58,7 +58,12 @@ class GatewayRules:
     """(name prefix, policy) pairs; the longest matching prefix wins."""
     max_arguments_bytes: int = 1024 * 1024
     history_limit: int = 64
-    dedup_window: int = 256
+    id_window_ms: int = 600_000
+    """An intent is refused (``request_expired``) once this long has passed since it was sent."""
+    clock_skew_ms: int = 60_000
+    """How far ahead of the broker a sender's clock may be (``clock_skew`` beyond)."""
+    max_remembered_ids: int = 4096
+    """Per resource. Past it the oldest outcomes are forgotten early, and the window shrinks with them."""
     require_exclusive: bool = True
     """Pessimistic writes need an exclusive lease; a shared lease is for reading."""
 
@@ -89,6 +94,9 @@ class Change:
     tool: str
     arguments_json: str
     content_hash: str
+    parent_hash: str | None = None
+    """The content hash of the version before: a base hash of ``version - 1`` is known while this
+    change is in the history, exactly as far back as a base version can be rebased."""
 
 
 @dataclass(slots=True)
@@ -100,6 +108,12 @@ class ContentState:
     content_hash: str = GENESIS_HASH
     history: list[Change] = field(default_factory=list)
     outcomes: dict[str, GatewayEvent] = field(default_factory=dict)
+    """The outcome of every intent id decided within the id window, in decision order."""
+    clock_ms: int = 0
+    """The latest decision time folded in."""
+    forgotten_sent_ms: int | None = None
+    """The latest send time of an intent forgotten early (over ``max_remembered_ids``): no intent
+    sent at or before it is decided any more."""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly snapshot (the table's changelog format)."""
@@ -107,9 +121,11 @@ class ContentState:
             "resource": self.resource,
             "version": self.version,
             "content_hash": self.content_hash,
-            "history": [[c.version, c.intent_id, c.agent_id, c.tool, c.arguments_json, c.content_hash]
-                        for c in self.history],
+            "history": [[c.version, c.intent_id, c.agent_id, c.tool, c.arguments_json, c.content_hash,
+                         c.parent_hash] for c in self.history],
             "outcomes": [[type(e).__name__, e.model_dump(mode="json")] for e in self.outcomes.values()],
+            "clock_ms": self.clock_ms,
+            "forgotten_sent_ms": self.forgotten_sent_ms,
         }
 
     @classmethod
@@ -124,8 +140,10 @@ class ContentState:
             resource=data["resource"],
             version=data["version"],
             content_hash=data["content_hash"],
-            history=[Change(*row) for row in data["history"]],
+            history=[Change(*row) for row in data["history"]],  # 6-item rows: written before parent_hash
             outcomes=outcomes,
+            clock_ms=data.get("clock_ms", 0),
+            forgotten_sent_ms=data.get("forgotten_sent_ms"),
         )
 
 
@@ -168,7 +186,7 @@ def reject(content: ContentState, book: LeaseBook, intent: ToolIntent, reason: R
     }
     return ToolRejected(intent_id=intent.intent_id, agent_id=intent.agent_id, resource=intent.resource,
                         tool=intent.tool, reason=reason.value, diagnostic_json=json.dumps(diagnostic, sort_keys=True),
-                        decided_at_ms=now_ms, cause=cause)
+                        request_sent_at_ms=intent.sent_at_ms, decided_at_ms=now_ms, cause=cause)
 
 
 def changes_since(content: ContentState, base_version: int) -> tuple[list[dict[str, Any]], bool]:
@@ -181,11 +199,34 @@ def changes_since(content: ContentState, base_version: int) -> tuple[list[dict[s
 
 
 def _version_of_hash(content: ContentState, content_hash: str) -> int | None:
+    """The version whose content hash is ``content_hash``, as far back as the history can rebase."""
     if content_hash == content.content_hash:
         return content.version
-    if content_hash == GENESIS_HASH and (not content.history or content.history[0].version == 1):
-        return 0
-    return next((c.version for c in content.history if c.content_hash == content_hash), None)
+    for change in content.history:
+        if change.content_hash == content_hash:
+            return change.version
+    if content.history:
+        first = content.history[0]
+        parent = first.parent_hash if first.parent_hash is not None else (GENESIS_HASH if first.version == 1
+                                                                          else None)
+        if content_hash == parent:
+            return first.version - 1
+    return None
+
+
+def _id_problem(content: ContentState, intent: ToolIntent, now_ms: int, rules: GatewayRules
+                ) -> tuple[Reason, dict[str, Any]] | None:
+    """Why an intent id not seen before may not be decided now: sent too long ago, or in the future."""
+    floor = now_ms - rules.id_window_ms
+    if content.forgotten_sent_ms is not None:
+        floor = max(floor, content.forgotten_sent_ms)
+    if intent.sent_at_ms <= floor:
+        return Reason.REQUEST_EXPIRED, {"refused_at_or_before_ms": floor, "id_window_ms": rules.id_window_ms,
+                                        "sent_at_ms": intent.sent_at_ms}
+    if intent.sent_at_ms > now_ms + rules.clock_skew_ms:
+        return Reason.CLOCK_SKEW, {"broker_time_ms": now_ms, "clock_skew_ms": rules.clock_skew_ms,
+                                   "sent_at_ms": intent.sent_at_ms}
+    return None
 
 
 def check(
@@ -198,6 +239,9 @@ def check(
         return recorded
     if not (intent.resource and intent.agent_id and intent.intent_id and intent.tool):
         return reject(content, book, intent, Reason.INVALID_INTENT, now_ms, cause)
+    expired = _id_problem(content, intent, max(now_ms, content.clock_ms), rules)
+    if expired is not None:
+        return reject(content, book, intent, expired[0], now_ms, cause, **expired[1])
     text = intent.arguments_json
     # A character is at most 4 UTF-8 bytes: encode only when the length alone cannot tell.
     if len(text) * 4 > rules.max_arguments_bytes and len(text.encode()) > rules.max_arguments_bytes:
@@ -222,11 +266,17 @@ def check(
         if problem:
             return reject(content, book, intent, problem, now_ms, cause)
     base = intent.base_version
-    if base is None and intent.base_hash is not None:
-        base = _version_of_hash(content, intent.base_hash)
-        if base is None:
+    if intent.base_hash is not None:
+        hashed = _version_of_hash(content, intent.base_hash)
+        if base is not None and hashed != base and (hashed is not None or not changes_since(content, base)[1]):
+            # Both sent and they name different versions: the agent's view is confused, not stale.
+            return reject(content, book, intent, Reason.INVALID_INTENT, now_ms, cause,
+                          problem=f"base_hash is {'unknown' if hashed is None else f'version {hashed}'}, "
+                                  f"base_version is {base}: send one, or both of the same version")
+        if base is None and hashed is None:
             return reject(content, book, intent, Reason.VERSION_CONFLICT, now_ms, cause, changes_since_base=[],
-                           base_too_old=True)
+                          base_too_old=True)
+        base = hashed if base is None else base
     if base is not None and base != content.version:
         changes, too_old = changes_since(content, base)
         return reject(content, book, intent, Reason.VERSION_CONFLICT, now_ms, cause, changes_since_base=changes,
@@ -261,7 +311,7 @@ def complete(
                            tool=intent.tool, token=intent.token, arguments_json=intent.arguments_json,
                            version=content.version + 1,
                            content_hash=next_hash(content.content_hash, intent), result_json=outcome.result_json,
-                           decided_at_ms=now_ms, cause=cause)
+                           request_sent_at_ms=intent.sent_at_ms, decided_at_ms=now_ms, cause=cause)
     return reject(content, book, intent, Reason.TOOL_FAILED, now_ms, cause, error=outcome.error[:2000])
 
 
@@ -269,13 +319,30 @@ def evolve(content: ContentState, event: GatewayEvent, rules: GatewayRules | Non
     """Fold ``event`` into ``content`` (in place) and return it."""
     limits = rules or GatewayRules()
     if isinstance(event, ToolApplied) and event.version == content.version + 1:
+        content.history.append(Change(event.version, event.intent_id, event.agent_id, event.tool,
+                                      event.arguments_json, event.content_hash, content.content_hash))
+        del content.history[:-limits.history_limit]
         content.version = event.version
         content.content_hash = event.content_hash
-        content.history.append(Change(event.version, event.intent_id, event.agent_id, event.tool,
-                                      event.arguments_json, event.content_hash))
-        del content.history[:-limits.history_limit]
+    content.clock_ms = max(content.clock_ms, event.decided_at_ms)
     outcomes = content.outcomes
+    if event.intent_id in outcomes:
+        return content
     outcomes[event.intent_id] = event
-    while len(outcomes) > limits.dedup_window:
-        del outcomes[next(iter(outcomes))]
+    # Forget outcomes sent before the window (refused as expired from now on), then, over the
+    # limit, the oldest, raising the floor below which nothing is decided any more.
+    horizon = content.clock_ms - limits.id_window_ms
+    while outcomes:
+        first = next(iter(outcomes.values()))
+        if _sent_at(first) >= horizon:
+            break
+        del outcomes[first.intent_id]
+    while len(outcomes) > limits.max_remembered_ids:
+        sent = _sent_at(outcomes.pop(next(iter(outcomes))))
+        content.forgotten_sent_ms = max(content.forgotten_sent_ms or sent, sent)
     return content
+
+
+def _sent_at(event: GatewayEvent) -> int:
+    """When the intent an outcome answers was sent (version-1 events: when it was decided)."""
+    return event.request_sent_at_ms if event.request_sent_at_ms is not None else event.decided_at_ms

@@ -130,7 +130,12 @@ class LeaseRules:
     max_wait_ms: int = 3_600_000
     max_resource_bytes: int = 256
     lock_order: Literal["warn", "reject", "off"] = "warn"
-    dedup_window: int = 256
+    id_window_ms: int = 600_000
+    """A command is refused (``request_expired``) once this long has passed since it was sent."""
+    clock_skew_ms: int = 60_000
+    """How far ahead of the broker a sender's clock may be (``clock_skew`` beyond)."""
+    max_remembered_ids: int = 4096
+    """Per resource. Past it the oldest ids are forgotten early, and the window shrinks with them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +176,11 @@ class LeaseBook:
     seq: int = 0
     holders: dict[int, Lease] = field(default_factory=dict)
     queue: list[Waiter] = field(default_factory=list)
-    seen: dict[str, None] = field(default_factory=dict)
+    seen: dict[str, tuple[int, str]] = field(default_factory=dict)
+    """Request ids decided, in decision order: id -> (when its command was sent, its agent)."""
+    forgotten_sent_ms: int | None = None
+    """The latest send time of an id forgotten early (over ``max_remembered_ids``): nothing sent
+    at or before it is decided any more, so a forgotten id can never be decided again."""
 
     def next_deadline(self) -> int | None:
         """The earliest moment at which time alone changes this book."""
@@ -199,7 +208,8 @@ class LeaseBook:
                  w.saga_id, list(w.blockers)]
                 for w in self.queue
             ],
-            "seen": list(self.seen),
+            "seen": [[request_id, sent, agent] for request_id, (sent, agent) in self.seen.items()],
+            "forgotten_sent_ms": self.forgotten_sent_ms,
         }
 
     @classmethod
@@ -214,14 +224,15 @@ class LeaseBook:
             queue=[
                 Waiter(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], tuple(w[9])) for w in data["queue"]
             ],
-            seen=dict.fromkeys(data["seen"]),
+            seen={row[0]: (row[1], row[2]) for row in data["seen"] if isinstance(row, list)},
+            forgotten_sent_ms=data.get("forgotten_sent_ms"),
         )
 
 
 def _view(book: LeaseBook) -> LeaseBook:
     """A scratch copy for ``decide`` to fold into; shares the immutable leases and waiters."""
     return LeaseBook(book.resource, book.last_token, book.clock_ms, book.seq,
-                     dict(book.holders), list(book.queue), book.seen)
+                     dict(book.holders), list(book.queue), book.seen, book.forgotten_sent_ms)
 
 
 # -- evolve -----------------------------------------------------------------------
@@ -263,7 +274,8 @@ def _apply(book: LeaseBook, event: LockEvent) -> None:
         book.queue = [w for w in book.queue if w.request_id != event.request_id]
 
 
-_DEDUP_EVENTS = (LockGranted, LockQueued, LockDenied, LockRenewed, LockReleased)
+_ANSWERS = (LockGranted, LockQueued, LockDenied, LockRenewed, LockReleased, LockCancelled, LockRevoked)
+"""The events that can be a command's first answer (and so record its request id)."""
 
 
 def _stamp(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
@@ -276,11 +288,33 @@ def _stamp(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
         stamp = event.decided_at_ms
     if stamp > book.clock_ms:
         book.clock_ms = stamp
-    if isinstance(event, _DEDUP_EVENTS):
-        seen = book.seen
-        seen[event.request_id] = None
-        while len(seen) > rules.dedup_window:
-            del seen[next(iter(seen))]
+    if isinstance(event, _ANSWERS):
+        _remember(book, event, rules)
+
+
+def _remember(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
+    """Record the request id an event answers, and forget ids whose window has passed."""
+    sent = getattr(event, "request_sent_at_ms", None)
+    by = getattr(event, "by_request_id", None)
+    if sent is None:
+        if isinstance(event, LockCancelled | LockRevoked):
+            return  # a logged version-1 event: what it answered is not known
+        sent = event.decided_at_ms  # type: ignore[union-attr]  # version 1: the nearest time known
+    request_id = by or event.request_id  # type: ignore[union-attr]
+    seen = book.seen
+    if request_id in seen:
+        return
+    seen[request_id] = (sent, "" if by else event.agent_id)  # type: ignore[union-attr]
+    horizon = book.clock_ms - rules.id_window_ms
+    while seen:
+        first = next(iter(seen))
+        if seen[first][0] >= horizon:
+            break
+        del seen[first]  # sent before the window: refused as expired from now on
+    while len(seen) > rules.max_remembered_ids:
+        first = next(iter(seen))
+        sent_before = seen.pop(first)[0]
+        book.forgotten_sent_ms = max(book.forgotten_sent_ms or sent_before, sent_before)
 
 
 def evolve(book: LeaseBook, event: LockEvent, rules: LeaseRules | None = None) -> LeaseBook:
@@ -299,10 +333,12 @@ DEFAULT_RULES = LeaseRules()
 class _Decision:
     """Collects the events of one decision, folding each into ``view`` as it goes."""
 
-    def __init__(self, view: LeaseBook, now_ms: int, cause: Cause, version: int) -> None:
+    def __init__(self, view: LeaseBook, now_ms: int, cause: Cause, version: int, sent_ms: int | None) -> None:
         self.view = view
         self.now = now_ms
         self.cause = cause
+        self.sent = sent_ms
+        """When the command being decided was sent (None for a tick): its first answer carries it."""
         self.version = version
         """The resource's content version now (the gateway's): every grant reports it."""
         self.events: list[LockEvent] = []
@@ -323,14 +359,16 @@ class _Decision:
             return True
         return mode == "shared" and all(h.mode == "shared" for h in holders.values())
 
-    def grant(self, request_id: str, agent_id: str, mode: str, ttl_ms: int, warnings: list[str]) -> None:
+    def grant(self, request_id: str, agent_id: str, mode: str, ttl_ms: int, warnings: list[str],
+              answers: bool = False) -> None:
         token = self.view.last_token + 1
         expires = self.now + ttl_ms
         mine = Holder(agent_id=agent_id, request_id=request_id, token=token, mode=mode, expires_at_ms=expires)
         self.emit(LockGranted(
             request_id=request_id, agent_id=agent_id, resource=self.view.resource, token=token, mode=mode,
             expires_at_ms=expires, holders=[*self.holders_list(), mine], resource_version=self.version,
-            warnings=warnings, decided_at_ms=self.now, cause=self.cause,
+            warnings=warnings, request_sent_at_ms=self.sent if answers else None, decided_at_ms=self.now,
+            cause=self.cause,
         ))
 
     def remove_edges(self, waiter: Waiter) -> None:
@@ -341,18 +379,29 @@ class _Decision:
             ))
 
     def advance_time(self) -> None:
-        """Expire holders and time out waiters whose moment has come."""
-        for lease in [h for h in self.view.holders.values() if h.expires_at_ms <= self.now]:
-            self.emit(LockExpired(
-                request_id=lease.request_id, agent_id=lease.agent_id, resource=self.view.resource,
-                token=lease.token, expired_at_ms=lease.expires_at_ms, decided_at_ms=self.now, cause=self.cause,
-            ))
-        for waiter in [w for w in self.view.queue if w.deadline_ms <= self.now]:
-            self.remove_edges(waiter)
-            self.emit(LockWaitTimedOut(
-                request_id=waiter.request_id, agent_id=waiter.agent_id, resource=self.view.resource,
-                waited_ms=self.now - waiter.queued_at_ms, decided_at_ms=self.now, cause=self.cause,
-            ))
+        """Expire holders and time out waiters whose moment has come, one at a time in time order,
+        handing the resource on after each: a waiter whose deadline falls after a holder's expiry
+        is granted, not timed out. An expiry and a deadline at the same moment: the expiry first."""
+        view, now = self.view, self.now
+        while True:
+            lease = min((h for h in view.holders.values() if h.expires_at_ms <= now),
+                        key=lambda h: (h.expires_at_ms, h.token), default=None)
+            waiter = min((w for w in view.queue if w.deadline_ms <= now),
+                         key=lambda w: (w.deadline_ms, w.seq), default=None)
+            if lease is not None and (waiter is None or lease.expires_at_ms <= waiter.deadline_ms):
+                self.emit(LockExpired(
+                    request_id=lease.request_id, agent_id=lease.agent_id, resource=view.resource,
+                    token=lease.token, expired_at_ms=lease.expires_at_ms, decided_at_ms=now, cause=self.cause,
+                ))
+            elif waiter is not None:
+                self.remove_edges(waiter)
+                self.emit(LockWaitTimedOut(
+                    request_id=waiter.request_id, agent_id=waiter.agent_id, resource=view.resource,
+                    waited_ms=now - waiter.queued_at_ms, decided_at_ms=now, cause=self.cause,
+                ))
+            else:
+                return
+            self.hand_off()
 
     def hand_off(self) -> None:
         """Grant the head of the queue while it is compatible; then refresh wait edges."""
@@ -398,7 +447,8 @@ class _Decision:
         }
         self.emit(LockDenied(
             request_id=request_id, agent_id=agent_id, resource=self.view.resource, reason=reason.value,
-            detail=json.dumps(diagnostic, sort_keys=True), decided_at_ms=self.now, cause=self.cause,
+            detail=json.dumps(diagnostic, sort_keys=True), request_sent_at_ms=self.sent, decided_at_ms=self.now,
+            cause=self.cause,
         ))
 
 
@@ -431,12 +481,20 @@ def _lock_order_problem(cmd: LockRequested) -> str | None:
     return None
 
 
-def _is_duplicate(book: LeaseBook, request_id: str) -> bool:
-    if request_id in book.seen:
-        return True
-    return any(h.request_id == request_id for h in book.holders.values()) or any(
-        w.request_id == request_id for w in book.queue
-    )
+def _id_problem(book: LeaseBook, command: LockCommand, now_ms: int, rules: LeaseRules
+                ) -> tuple[Reason, dict[str, Any]] | None:
+    """Why a command that is not a repeat may not be decided now: sent too long ago, or in the future."""
+    sent = command.sent_at_ms
+    floor = now_ms - rules.id_window_ms
+    if book.forgotten_sent_ms is not None:
+        floor = max(floor, book.forgotten_sent_ms)
+    if sent <= floor:
+        return Reason.REQUEST_EXPIRED, {"you_sent": {"sent_at_ms": sent}, "refused_at_or_before_ms": floor,
+                                        "id_window_ms": rules.id_window_ms}
+    if sent > now_ms + rules.clock_skew_ms:
+        return Reason.CLOCK_SKEW, {"you_sent": {"sent_at_ms": sent}, "broker_time_ms": now_ms,
+                                   "clock_skew_ms": rules.clock_skew_ms}
+    return None
 
 
 def _acquire(d: _Decision, cmd: LockRequested, rules: LeaseRules) -> None:
@@ -460,7 +518,7 @@ def _acquire(d: _Decision, cmd: LockRequested, rules: LeaseRules) -> None:
         return
     ahead = sum(1 for w in view.queue if w.priority >= cmd.priority)
     if ahead == 0 and d.compatible(cmd.mode):
-        d.grant(cmd.request_id, cmd.agent_id, cmd.mode, cmd.ttl_ms, warnings)
+        d.grant(cmd.request_id, cmd.agent_id, cmd.mode, cmd.ttl_ms, warnings, answers=True)
         # A granted shared request can leave lower-priority waiters blocked on one more holder.
         d.refresh_edges()
         return
@@ -472,7 +530,7 @@ def _acquire(d: _Decision, cmd: LockRequested, rules: LeaseRules) -> None:
         ttl_ms=cmd.ttl_ms, saga_id=cmd.saga_id, position=ahead + 1, priority=cmd.priority,
         wait_deadline_ms=d.now + cmd.wait_ms,
         blocking_agents=sorted({h.agent_id for h in view.holders.values()}),
-        warnings=warnings, decided_at_ms=d.now, cause=d.cause,
+        warnings=warnings, request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause,
     ))
     d.refresh_edges()
 
@@ -494,7 +552,8 @@ def _renew(d: _Decision, cmd: LockRenewRequested, rules: LeaseRules) -> None:
                                                              "max_ttl_ms": rules.max_ttl_ms})
         return
     d.emit(LockRenewed(request_id=cmd.request_id, agent_id=cmd.agent_id, resource=d.view.resource,
-                       token=cmd.token, expires_at_ms=d.now + ttl, decided_at_ms=d.now, cause=d.cause))
+                       token=cmd.token, expires_at_ms=d.now + ttl, request_sent_at_ms=d.sent, decided_at_ms=d.now,
+                       cause=d.cause))
 
 
 def _release(d: _Decision, cmd: LockReleaseRequested) -> None:
@@ -503,7 +562,7 @@ def _release(d: _Decision, cmd: LockReleaseRequested) -> None:
         d.deny(cmd.request_id, cmd.agent_id, *problem)
         return
     d.emit(LockReleased(request_id=cmd.request_id, agent_id=cmd.agent_id, resource=d.view.resource,
-                        token=cmd.token, decided_at_ms=d.now, cause=d.cause))
+                        token=cmd.token, request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause))
     d.hand_off()
 
 
@@ -516,7 +575,8 @@ def _cancel(d: _Decision, cmd: LockCancelRequested) -> None:
         return
     d.remove_edges(waiter)
     d.emit(LockCancelled(request_id=waiter.request_id, agent_id=waiter.agent_id, resource=d.view.resource,
-                         reason="cancelled_by_agent", decided_at_ms=d.now, cause=d.cause))
+                         reason=Reason.CANCELLED_BY_AGENT.value, by_request_id=cmd.request_id,
+                         request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause))
     d.hand_off()
 
 
@@ -529,11 +589,13 @@ def _revoke(d: _Decision, cmd: LockRevokeRequested) -> None:
         return
     for lease in leases:
         d.emit(LockRevoked(request_id=lease.request_id, agent_id=lease.agent_id, resource=d.view.resource,
-                           token=lease.token, reason=cmd.reason, decided_at_ms=d.now, cause=d.cause))
+                           token=lease.token, reason=cmd.reason, by_request_id=cmd.request_id,
+                           request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause))
     for waiter in waiters:
         d.remove_edges(waiter)
         d.emit(LockCancelled(request_id=waiter.request_id, agent_id=waiter.agent_id, resource=d.view.resource,
-                             reason=cmd.reason, decided_at_ms=d.now, cause=d.cause))
+                             reason=cmd.reason, by_request_id=cmd.request_id, request_sent_at_ms=d.sent,
+                             decided_at_ms=d.now, cause=d.cause))
     d.hand_off()
 
 
@@ -548,16 +610,26 @@ _HANDLERS: dict[type, Callable[[_Decision, Any, LeaseRules], None]] = {
 
 def _run(view: LeaseBook, command: LockCommand, now_ms: int, cause: Cause, rules: LeaseRules,
          version: int) -> list[LockEvent]:
-    if not isinstance(command, LockTick) and _is_duplicate(view, command.request_id):
-        return []
-    d = _Decision(view, max(now_ms, view.clock_ms), cause, version)
+    if isinstance(command, LockTick):
+        d = _Decision(view, max(now_ms, view.clock_ms), cause, version, None)
+        if view.holders or view.queue:
+            d.advance_time()
+        return d.events
+    prior = view.seen.get(command.request_id)
+    if prior is not None and prior[1] in ("", command.agent_id):
+        return []  # decided before: a request id has one decision, ever
+    d = _Decision(view, max(now_ms, view.clock_ms), cause, version, command.sent_at_ms)
     if view.holders or view.queue:
         d.advance_time()
-        if d.events:
-            d.hand_off()
-    handler = _HANDLERS.get(type(command))
-    if handler is not None:
-        handler(d, command, rules)
+    if prior is not None:
+        d.deny(command.request_id, command.agent_id, Reason.REQUEST_ID_TAKEN,
+               {"you_sent": {"request_id": command.request_id}})
+        return d.events
+    problem = _id_problem(view, command, d.now, rules)
+    if problem is not None:
+        d.deny(command.request_id, command.agent_id, *problem)
+        return d.events
+    _HANDLERS[type(command)](d, command, rules)
     return d.events
 
 

@@ -31,9 +31,12 @@ class Rules:
         """The rules a worker with ``settings`` decides by."""
         return cls(
             leases=LeaseRules(max_ttl_ms=settings.max_ttl_ms, max_wait_ms=settings.max_wait_ms,
-                              lock_order=settings.lock_order),
+                              lock_order=settings.lock_order, id_window_ms=settings.id_window_ms,
+                              clock_skew_ms=settings.clock_skew_ms, max_remembered_ids=settings.max_remembered_ids),
             gateway=GatewayRules(policies=Settings.parse_policies(settings.policies),
-                                 max_arguments_bytes=settings.max_patch_bytes),
+                                 max_arguments_bytes=settings.max_patch_bytes, id_window_ms=settings.id_window_ms,
+                                 clock_skew_ms=settings.clock_skew_ms,
+                                 max_remembered_ids=settings.max_remembered_ids),
             graph_key=settings.graph_key,
         )
 

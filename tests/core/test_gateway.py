@@ -238,3 +238,54 @@ def test_no_accepted_write_ever_comes_from_a_stale_or_dead_lease(steps: list[tup
                 assert event.version == version + 1
                 version = event.version
     assert g.content.version == version
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.booleans(), st.integers(0, 60)), min_size=1, max_size=60))
+def test_an_intent_id_is_never_decided_twice_however_long_the_history(
+        steps: list[tuple[int, bool, int]]) -> None:
+    """Redeliver any earlier intent at any later moment: its recorded outcome, or request_expired; never a
+    second run. A short window and a small memory make ids be forgotten within a run."""
+    rules = GatewayRules(policies=(("", "optimistic"),), id_window_ms=100, clock_skew_ms=5, max_remembered_ids=5)
+    g = Gate(rules)
+    now, sent = 0, []
+    ran: dict[str, ToolApplied] = {}
+    for pick, replay, dt in steps:
+        now += dt
+        if replay and sent:
+            intent = sent[pick % len(sent)]
+        else:
+            intent = g.intent("a", base=g.content.version).model_copy(update={"sent_at_ms": now})
+            sent.append(intent)
+        event = g.write(intent, now)
+        if isinstance(event, ToolApplied):
+            assert ran.setdefault(intent.intent_id, event) == event, "an intent ran twice"
+        elif intent.intent_id in ran:
+            assert event.reason == "request_expired", event
+
+
+@settings(max_examples=200, deadline=None)
+@given(writes=st.integers(1, 12), limit=st.integers(1, 5), back=st.integers(0, 14))
+def test_a_base_by_hash_and_by_version_are_decided_alike(writes: int, limit: int, back: int) -> None:
+    rules = GatewayRules(policies=(("", "optimistic"),), history_limit=limit)
+    g = Gate(rules)
+    hashes = [g.content.content_hash]
+    for _ in range(writes):
+        assert isinstance(g.write(g.intent("a", base=g.content.version), 1), ToolApplied)
+        hashes.append(g.content.content_hash)
+    base = max(0, writes - back)
+    by_version = check(g.leases.book, g.content, g.intent("b", base=base), 2, CAUSE, rules)
+    by_hash = check(g.leases.book, g.content, g.intent("b", base_hash=hashes[base]), 2, CAUSE, rules)
+    both = check(g.leases.book, g.content, g.intent("b", base=base, base_hash=hashes[base]), 2, CAUSE, rules)
+    for verdict in (by_hash, both):
+        assert type(verdict) is type(by_version)
+        if isinstance(by_version, ToolRejected):
+            assert isinstance(verdict, ToolRejected) and verdict.reason == by_version.reason
+            mine, theirs = json.loads(verdict.diagnostic_json), json.loads(by_version.diagnostic_json)
+            assert mine.get("base_too_old") == theirs.get("base_too_old")
+            if not theirs.get("base_too_old"):  # (too old by version lists what it still has; a hash cannot)
+                assert mine.get("changes_since_base") == theirs.get("changes_since_base")
+    if base != g.content.version:
+        mixed = check(g.leases.book, g.content, g.intent("b", base=base, base_hash=g.content.content_hash), 2,
+                      CAUSE, rules)
+        assert isinstance(mixed, ToolRejected) and mixed.reason == "invalid_intent"

@@ -41,8 +41,13 @@ class Harness:
         self.shadow = new_book(RES)
         self.offset = 0
         self.n = 0
+        self.sent: list[Any] = []
 
-    def send(self, command: Any, now: int) -> list[LockEvent]:
+    def send(self, command: Any, now: int, *, as_sent: bool = False) -> list[LockEvent]:
+        """Decide ``command`` at ``now``; a ``sent_at_ms`` of 0 means "sent now" unless ``as_sent``."""
+        if not as_sent and getattr(command, "sent_at_ms", None) == 0:
+            command = command.model_copy(update={"sent_at_ms": now})  # a sender whose clock is the broker's
+        self.sent.append(command)
         cause = Cause(topic="cmds", partition=0, offset=self.offset)
         self.offset += 1
         before = self.book.to_dict()

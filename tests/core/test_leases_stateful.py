@@ -19,7 +19,8 @@ from contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
-from cores.leases import LockEvent
+from contract.reasons import Reason
+from cores.leases import LeaseRules, LockEvent, LockTick
 
 from .test_leases import Harness
 
@@ -29,7 +30,8 @@ AGENTS = ["a", "b", "c", "d", "e"]
 class LeaseBookMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.h = Harness()
+        # A short id window and a small memory, so that ids are forgotten within a run.
+        self.h = Harness(LeaseRules(id_window_ms=120, clock_skew_ms=10, max_remembered_ids=6))
         self.now = 0
         self.last_token = 0
         self.outcomes: dict[str, list[str]] = defaultdict(list)  # acquire id -> final outcomes
@@ -112,6 +114,24 @@ class LeaseBookMachine(RuleBasedStateMachine):
         self.now += dt
         self.feed(self.h.tick(self.now))
 
+    @precondition(lambda self: bool(self.h.sent))
+    @rule(data=st.data())
+    def redeliver(self, data: st.DataObject) -> None:
+        """Any command, sent again at any later moment, is never decided a second time."""
+        command = data.draw(st.sampled_from(self.h.sent))
+        if isinstance(command, LockTick):
+            return
+        before = self.h.book.to_dict()
+        events = self.h.send(command, self.now, as_sent=True)
+        if events:
+            # Forgotten: refused as expired (after whatever time alone did), never decided again.
+            assert isinstance(events[-1], LockDenied) and events[-1].reason == Reason.REQUEST_EXPIRED, events
+            assert not [e for e in events if getattr(e, "request_id", None) == command.request_id
+                        and not isinstance(e, LockDenied)]
+        else:
+            assert self.h.book.to_dict() == before
+        self.feed([e for e in events if not isinstance(e, LockDenied)])
+
     @invariant()
     def exclusion(self) -> None:
         modes = [x.mode for x in self.h.book.holders.values()]
@@ -131,8 +151,10 @@ class LeaseBookMachine(RuleBasedStateMachine):
             assert len(outs) <= 1, (rid, outs)
 
     def teardown(self) -> None:
-        # Time runs out for everyone: every acquire ends in exactly one outcome.
+        # Time runs out for everyone: every acquire ends in exactly one outcome. (Twice: a waiter
+        # handed the lease at an expiry the first tick reaches holds it past that tick.)
         self.feed(self.h.tick(self.now + 10_000))
+        self.feed(self.h.tick(self.now + 20_000))
         for rid in self.acquires:
             assert len(self.outcomes[rid]) == 1, (rid, self.outcomes[rid])
         assert self.h.book.is_idle() and not self.edges

@@ -213,10 +213,13 @@ class ArbiterClient:
         )
         future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
         lease: Lease | None = None
+        queued_after: list[float] = []  # seconds from sending until the LockQueued arrived
 
         def route(record: Record) -> None:
-            if isinstance(record, LockQueued) and on_queued is not None:
-                on_queued(record)
+            if isinstance(record, LockQueued):
+                queued_after.append(time.monotonic() - sent_at)
+                if on_queued is not None:
+                    on_queued(record)
             elif isinstance(record, _FINAL_ACQUIRE) and not future.done():
                 future.set_result(record)
             elif isinstance(record, LockExpired | LockRevoked) and lease is not None:
@@ -248,8 +251,12 @@ class ArbiterClient:
         lease = Lease(resource=resource, agent_id=self.agent_id, request_id=request_id, token=outcome.token,
                       mode=outcome.mode, ttl_ms=ttl_ms, expires_at_ms=outcome.expires_at_ms,
                       resource_version=outcome.resource_version, warnings=list(outcome.warnings))
-        # Count the TTL from when we *sent* the request: never later than the broker's clock.
-        lease.extended(sent_at, outcome.expires_at_ms, ttl_ms)
+        # Count the TTL from a moment never later than the broker's grant: the send, for an
+        # immediate grant; for a queued one, the grant's arrival less a full round trip (the
+        # LockQueued's), which bounds the grant's own way back. Never from the send of a queued
+        # request: a wait longer than the TTL would lose the lease on arrival.
+        start = sent_at if not queued_after else time.monotonic() - queued_after[0]
+        lease.extended(start, outcome.expires_at_ms, ttl_ms)
         self._held[resource] = lease
         return lease
 
@@ -359,8 +366,10 @@ class ArbiterClient:
         """Give ``lease`` back. Releasing a lease that is already gone is not an error."""
         self._held.pop(lease.resource, None)
         self._routes.pop(lease.request_id, None)
-        if lease.lost_reason is not None:
-            return
+        if lease.lost_reason not in (None, "ttl_elapsed_locally"):
+            return  # the broker said it is gone (expired, revoked, renewal refused, released)
+        # Lost only by the local clock (a conservative bound): the broker may still hold it for us,
+        # so give it back; a refusal because it is already gone is fine.
         outcome = await self.release_token(lease.resource, lease.token, timeout=timeout)
         lease.mark_lost("released")
         if isinstance(outcome, LockDenied) and outcome.reason not in {"lease_not_live", "stale_fencing_token"}:

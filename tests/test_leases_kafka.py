@@ -162,3 +162,30 @@ async def test_mutual_exclusion_under_load(kafka_settings: Settings, worker: Wor
             live[e.resource].discard(e.token)
     assert grants >= 30
     assert any(isinstance(e, LockExpired) for e in events), "some agents should have stalled past their TTL"
+
+
+async def test_a_lease_granted_after_waiting_longer_than_its_ttl_is_live_on_arrival(
+        kafka_settings: Settings, worker: WorkerPool) -> None:
+    async with ArbiterClient("holder", kafka_settings) as holder, ArbiterClient("waiter", kafka_settings) as waiter:
+        held = await holder.acquire("account:slow-queue", ttl=30, wait=0)
+        queued = asyncio.Event()
+        pending = asyncio.create_task(waiter.acquire("account:slow-queue", ttl=1.0, wait=20,
+                                                     on_queued=lambda _q: queued.set()))
+        await asyncio.wait_for(queued.wait(), 10)
+        await asyncio.sleep(1.5)  # the scenario itself: the waiter queues for longer than its 1 s TTL
+        await holder.release(held)
+        lease = await asyncio.wait_for(pending, 10)
+        assert not lease.lost, lease.lost_reason
+        lease.check()  # a fresh grant is usable at once
+        await waiter.release(lease)
+        assert lease.lost_reason == "released"
+
+
+async def test_a_lease_lost_only_by_the_local_clock_is_still_released(
+        kafka_settings: Settings, worker: WorkerPool) -> None:
+    async with ArbiterClient("forgetful", kafka_settings) as agent, ArbiterClient("next", kafka_settings) as other:
+        lease = await agent.acquire("account:local-loss", ttl=30, wait=0)
+        lease.mark_lost("ttl_elapsed_locally")  # as if the local clock ran out first
+        await agent.release(lease)  # must still tell the broker
+        granted = await other.acquire("account:local-loss", ttl=5, wait=0)  # free at once, not after 30 s
+        assert granted.token == lease.token + 1

@@ -148,7 +148,7 @@ def detect(graph: WaitGraph, added: WaitEdgeAdded, now_ms: int, cause: Cause,
     if added.waiter != added.holder and _path(graph, added.holder, added.waiter) is None:
         return []  # the common case: no cycle, and no copy of the graph
     scratch = WaitGraph(dict(graph.edges), {k: dict(v) for k, v in graph.out.items()}, dict(graph.cancelled))
-    new = _edge(added)
+    new = _edge(graph, added, now_ms)
     scratch.add(new)
     found: list[DeadlockDetected] = []
     while new.edge_id in scratch.edges:
@@ -193,16 +193,25 @@ def revocations(graph: WaitGraph, detection: DeadlockDetected, now_ms: int) -> l
             for resource in resources]
 
 
-def _edge(event: WaitEdgeAdded) -> Edge:
+def _edge(graph: WaitGraph, event: WaitEdgeAdded, now_ms: int | None) -> Edge:
+    """The edge an event adds. An agent's age (victims: youngest loses) comes from the log, never
+    from its own clock: a lock wait's is its queue time (the broker's); a delegating agent's is
+    the broker time of its earliest delegation still in the graph (``now_ms``, the edge's
+    append time, when it has none), not the registration time its message claims."""
+    registered = event.waiter_registered_at_ms
+    if event.source != "lock" and now_ms is not None:
+        earlier = [e.waiter_registered_at_ms for e in graph.out.get(event.waiter, {}).values() if e.source != "lock"]
+        registered = min(earlier, default=now_ms)
     return Edge(event.edge_id, event.waiter, event.holder, event.source, event.resource, event.waiter_priority,
-                event.waiter_registered_at_ms, event.saga_id)
+                registered, event.saga_id)
 
 
-def evolve(graph: WaitGraph, event: GraphEvent) -> WaitGraph:
-    """Fold one event into the graph (in place) and return it."""
+def evolve(graph: WaitGraph, event: GraphEvent, now_ms: int | None = None) -> WaitGraph:
+    """Fold one event into the graph (in place) and return it. ``now_ms``: the append time of the
+    message that carried ``event`` (a delegating agent's age is taken from it, see ``_edge``)."""
     if isinstance(event, WaitEdgeAdded):
         if event.edge_id not in graph.cancelled:
-            graph.add(_edge(event))
+            graph.add(_edge(graph, event, now_ms))
     elif isinstance(event, WaitEdgeRemoved):
         graph.remove(event.edge_id)
     else:

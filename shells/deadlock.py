@@ -134,7 +134,7 @@ class DeadlockShell:
                     cause: Cause) -> list[DeadlockDetected]:
         routes = self.routes
         found = detect(graph, edge, now_ms, cause, self.victim_policy) if isinstance(edge, WaitEdgeAdded) else []
-        evolve_graph(graph, edge)
+        evolve_graph(graph, edge, now_ms)
         for detection in found:
             for revoke in revocations(graph, detection, now_ms):
                 await self.send(routes.resource_commands, revoke.resource.encode(), revoke)

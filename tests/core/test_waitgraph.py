@@ -28,9 +28,14 @@ def removed(waiter: str, holder: str) -> WaitEdgeRemoved:
                            removed_at_ms=0)
 
 
-def feed(graph: WaitGraph, event: WaitEdgeAdded | WaitEdgeRemoved) -> list[DeadlockDetected]:
-    found = detect(graph, event, 0, CAUSE) if isinstance(event, WaitEdgeAdded) else []
-    evolve(graph, event)
+_APPENDED = itertools.count(1)
+
+
+def feed(graph: WaitGraph, event: WaitEdgeAdded | WaitEdgeRemoved, now: int | None = None) -> list[DeadlockDetected]:
+    """Decide ``event`` as the detector does, at its append time ``now`` (each feed a moment later)."""
+    now = next(_APPENDED) if now is None else now
+    found = detect(graph, event, now, CAUSE) if isinstance(event, WaitEdgeAdded) else []
+    evolve(graph, event, now)
     for d in found:
         evolve(graph, d)
     return found
@@ -63,6 +68,14 @@ def test_ties_go_to_the_smaller_agent_id() -> None:
     feed(g, added("b", "a", registered=7))
     (d,) = feed(g, added("a", "b", registered=7))
     assert d.victim == "a"
+
+
+def test_an_agents_own_clock_does_not_make_it_older() -> None:
+    """The younger agent (its first delegation appended later) loses, whatever registration time it claims."""
+    g = WaitGraph()
+    feed(g, added("elder", "junior", registered=10_000_000), now=1_000)
+    (d,) = feed(g, added("junior", "elder", registered=10_000_000 - 3_600_000), now=2_000)  # clock 1 h behind
+    assert d.victim == "junior"
 
 
 def test_lock_order_inversion() -> None:
@@ -109,13 +122,18 @@ def test_every_cycle_is_broken_with_one_right_victim_and_no_false_positives(
     ops: list[tuple[bool, int, int, int]],
 ) -> None:
     g = WaitGraph()
-    info = {f"a{i}": (i % 3, 1_000 * ((i * 5) % 8)) for i in range(8)}
-    for add, w, h, _ in ops:
+    info = {f"a{i}": (i % 3, 1_000 * ((i * 5) % 8)) for i in range(8)}  # (priority, the age it claims)
+    since: dict[str, int] = {}  # model: an agent's age is when its current run of waits began (broker time)
+    for now, (add, w, h, _) in enumerate(ops, 1):
+        for agent in [a for a in since if a not in g.out]:
+            del since[agent]
         waiter, holder = f"a{w}", f"a{h}"
         if add:
             event = added(waiter, holder, priority=info[waiter][0], registered=info[waiter][1])
             before = {(e.waiter, e.holder) for e in g.edges.values()}
-            found = feed(g, event)
+            if event.edge_id not in g.edges and event.edge_id not in g.cancelled:
+                since.setdefault(waiter, now)
+            found = feed(g, event, now)
             for d in found:
                 cycle = json.loads(d.cycle_json)
                 # No false positive: every edge of the cycle existed (or is the one just added).
@@ -123,10 +141,10 @@ def test_every_cycle_is_broken_with_one_right_victim_and_no_false_positives(
                 assert [e["waiter"] for e in cycle] == d.cycle
                 assert all(cycle[i]["holder"] == cycle[(i + 1) % len(cycle)]["waiter"] for i in range(len(cycle)))
                 # Exactly one victim, by the rule.
-                rank = {a: (info[a][0], -info[a][1], a) for a in d.cycle}
+                rank = {a: (info[a][0], -since[a], a) for a in d.cycle}
                 assert d.victim == min(d.cycle, key=lambda a: rank[a])
         else:
-            feed(g, removed(waiter, holder))
+            feed(g, removed(waiter, holder), now)
         # Every cycle present is found: what is left never has one.
         assert not independent_cycle_search({(e.waiter, e.holder) for e in g.edges.values()})
         assert not g.has_cycle()

@@ -461,12 +461,13 @@ class Compensated(Record):
 
 
 class SagaFinished(Record):
-    """A saga ended: COMPLETED or COMPENSATED, never half-way."""
+    """A saga ended: COMPLETED, COMPENSATED, or COMPENSATION_FAILED (a compensation failed for good; a human must act)."""
 
     AVRO_NAME: ClassVar[str] = "arbiter.saga.SagaFinished"
 
     saga_id: str
     outcome: str
+    detail: str | None = None
     at_ms: int
     cause: Cause
 

@@ -32,6 +32,8 @@ class Topics(BaseModel):
     """Saga decisions; key: saga id."""
     dead_letter: str = "arbiter.deadletter"
     """Messages a processor could not use, with the reason and the original bytes."""
+    operator: str = "arbiter.operator"
+    """Notices a human must act on (a saga whose compensation failed for good); key: saga id."""
     workers: str = "arbiter.workers"
     """Each worker's announcement when it starts: the rules it decides by; key: worker id."""
 

@@ -19,6 +19,13 @@ Each compensation runs at most once: its intent id is derived from the saga, the
 and the attempt, and an attempt is only retried (with the next attempt number) after
 the gateway said it applied nothing. A restart resumes from the recorded state.
 
+Never stuck, never looping: a refusal that cannot change by retrying (an unknown tool,
+no write policy, bad arguments, a lease the configuration refuses) ends the saga at
+once, and any other refusal is retried at most ``MAX_COMPENSATION_ATTEMPTS`` times; then
+the saga ends ``COMPENSATION_FAILED`` with what it could and could not undo, for a
+human. A step reported after the saga was aborted (a write in flight when the detector
+chose the agent) is undone too, even if the saga had already finished ``COMPENSATED``.
+
 Everything that decides sagas lives in this file, as pure functions:
 
     decide(saga, message, now_ms, cause) -> list[output]
@@ -48,8 +55,20 @@ from contract import (
     ToolIntent,
     ToolRejected,
 )
+from contract.reasons import Reason
 
 RUNNING, COMPENSATING, COMPLETED, COMPENSATED = "RUNNING", "COMPENSATING", "COMPLETED", "COMPENSATED"
+COMPENSATION_FAILED = "COMPENSATION_FAILED"
+FINAL = (COMPLETED, COMPENSATED, COMPENSATION_FAILED)
+MAX_COMPENSATION_ATTEMPTS = 5
+"""Attempts per step (a lease and a write each) before the saga gives up on it."""
+PERMANENT = frozenset({
+    Reason.UNKNOWN_TOOL, Reason.NO_POLICY, Reason.INVALID_ARGUMENTS, Reason.INVALID_INTENT,
+    Reason.ARGUMENTS_TOO_LARGE, Reason.TOKEN_REQUIRED, Reason.BASE_VERSION_REQUIRED, Reason.INVALID_TTL,
+    Reason.INVALID_WAIT, Reason.INVALID_RESOURCE, Reason.INVALID_MODE, Reason.INVALID_AGENT,
+    Reason.REQUEST_ID_TAKEN, Reason.CLOCK_SKEW,
+})
+"""Refusals that the same compensation, tried again, would get again."""
 COMPENSATION_TTL_MS = 60_000
 COMPENSATION_WAIT_MS = 600_000
 COMPENSATION_PRIORITY = 1_000_000
@@ -146,9 +165,41 @@ def _next(saga: Saga, done: list[int], now_ms: int, cause: Cause | None) -> list
                          cause=cause or Cause(topic="", partition=-1, offset=-1))]
 
 
+def _failed(saga: Saga, step: int, attempt: int, reason: str, now_ms: int, cause: Cause) -> SagaFinished:
+    """The end of a saga whose compensation of ``step`` failed for good."""
+    done = set(saga.compensated)
+    detail = {"failed_step": step, "attempts": attempt, "last_reason": reason,
+              "compensated": sorted(done), "not_compensated": [s for s in saga.to_compensate() if s not in done],
+              "what_to_do": "A human must undo the steps not compensated (see the saga's steps), then close it."}
+    return SagaFinished(saga_id=saga.saga_id, outcome=COMPENSATION_FAILED, detail=json.dumps(detail, sort_keys=True),
+                        at_ms=now_ms, cause=cause)
+
+
+def _retry(saga: Saga, undo: Undo, reason: str, now_ms: int, cause: Cause) -> SagaOutput:
+    """Try ``undo``'s step again, or give up when retrying cannot help or has been tried enough."""
+    if reason in PERMANENT or undo.attempt >= MAX_COMPENSATION_ATTEMPTS:
+        return _failed(saga, undo.step, undo.attempt, reason, now_ms, cause)
+    return _start_undo(saga, undo.step, undo.attempt + 1, now_ms)
+
+
+def _late_undo(saga: Saga, step: SagaStep, now_ms: int) -> LockRequested:
+    """Undo a step reported after the saga finished COMPENSATED."""
+    return LockRequested(
+        request_id=_lock_id(saga, step.step, 1), agent_id=saga.saga_id, resource=step.resource, mode="exclusive",
+        ttl_ms=COMPENSATION_TTL_MS, priority=COMPENSATION_PRIORITY, wait_ms=COMPENSATION_WAIT_MS,
+        saga_id=saga.saga_id, sent_at_ms=now_ms,
+    )
+
+
 def decide(saga: Saga, message: SagaInput, now_ms: int, cause: Cause) -> list[SagaOutput]:
     """What the saga does next. Does not change ``saga``."""
-    if saga.status in (COMPLETED, COMPENSATED):
+    if saga.status == COMPENSATED:
+        known = saga.steps.get(message.step) if isinstance(message, SagaStep) else None
+        if (isinstance(message, SagaStep) and message.status == "completed" and message.compensate_tool
+                and (known is None or known.status != "completed") and message.step not in saga.compensated):
+            return [_late_undo(saga, message, now_ms)]
+        return []
+    if saga.status in FINAL:
         return []
     if isinstance(message, SagaStep):
         if message.status == "saga_completed" and saga.status == RUNNING:
@@ -170,7 +221,8 @@ def decide(saga: Saga, message: SagaInput, now_ms: int, cause: Cause) -> list[Sa
             is_compensation=True, sent_at_ms=now_ms,
         )]
     if isinstance(message, LockDenied | LockWaitTimedOut) and message.request_id == undo.lock_request_id:
-        return [_start_undo(saga, undo.step, undo.attempt + 1, now_ms)]  # try for the lease again
+        reason = message.reason if isinstance(message, LockDenied) else Reason.WAIT_TIMED_OUT.value
+        return [_retry(saga, undo, reason, now_ms, cause)]  # try for the lease again, or give up
     if isinstance(message, ToolApplied | ToolRejected) and message.intent_id == undo.intent_id:
         release = LockReleaseRequested(request_id=f"{undo.intent_id}|release", agent_id=saga.saga_id,
                                        resource=record.resource, token=undo.token or 0, sent_at_ms=now_ms)
@@ -179,7 +231,7 @@ def decide(saga: Saga, message: SagaInput, now_ms: int, cause: Cause) -> list[Sa
                                tool=message.tool, at_ms=now_ms, cause=cause)
             return [release, done, *_next(saga, [undo.step], now_ms, cause)]
         # Refused or failed: nothing was applied, so another attempt cannot run it twice.
-        return [release, _start_undo(saga, undo.step, undo.attempt + 1, now_ms)]
+        return [release, _retry(saga, undo, message.reason, now_ms, cause)]
     return []
 
 
@@ -198,6 +250,8 @@ def evolve(saga: Saga, item: Record) -> Saga:
     elif isinstance(item, LockRequested):
         step, attempt = _parse_lock_id(item.request_id)
         saga.undo = Undo(step, attempt, "acquiring", item.request_id)
+        if saga.status == COMPENSATED:
+            saga.status = COMPENSATING  # reopened for a step reported late
     elif isinstance(item, ToolIntent) and saga.undo is not None:
         saga.undo.phase, saga.undo.token, saga.undo.intent_id = "executing", item.token, item.intent_id
     elif isinstance(item, Compensated):

@@ -25,13 +25,14 @@ class Routes:
     wait_edges: str
     saga_commands: str
     saga_events: str
+    operator: str
     graph_key: bytes
 
     @classmethod
     def of(cls, topics: Topics, graph_key: str) -> Routes:
         """The routes for these topic names."""
         return cls(topics.resource_commands, topics.resource_events, topics.agent_inbox, topics.wait_edges,
-                   topics.saga_commands, topics.saga_events, graph_key.encode())
+                   topics.saga_commands, topics.saga_events, topics.operator, graph_key.encode())
 
     def reply_to(self, agent_id: str) -> str:
         """The topic an answer for ``agent_id`` goes to: a saga's answers go to the saga processor,

@@ -16,7 +16,7 @@ from contract import (
 )
 from contract.reasons import Reason
 from cores import saga as saga_core
-from cores.saga import Saga
+from cores.saga import COMPENSATION_FAILED, Saga, SagaInput
 
 from .routes import SAGA_PREFIX, Routes, Send
 
@@ -43,12 +43,16 @@ class SagaShell:
 
     async def handle(self, key: bytes | None, record: Record, now_ms: int, cause: Cause) -> ContractError | None:
         """Decide one saga message: an agent's step or abort, or an answer to the saga's own agent."""
+        if not isinstance(record, SagaInput):
+            # Well-typed, wrong topic: a lease request here would be taken for the saga's own.
+            return ContractError(Reason.UNSUPPORTED_COMMAND,
+                                 f"{type(record).__name__} does not belong on the saga-command topic")
         problem = saga_key_problem(key, record)
         if problem is not None:
             return problem
         assert key is not None
         saga = self.sagas.get(key) or Saga(key.decode())
-        outputs = saga_core.decide(saga, record, now_ms, cause)  # type: ignore[arg-type]
+        outputs = saga_core.decide(saga, record, now_ms, cause)
         saga_core.evolve(saga, record)
         for output in outputs:
             saga_core.evolve(saga, output)
@@ -58,5 +62,7 @@ class SagaShell:
                 await self.send(self.routes.saga_events, key, output)
                 if isinstance(output, SagaFinished) and saga.agent_id:
                     await self.send(self.routes.agent_inbox, saga.agent_id.encode(), output)
+                if isinstance(output, SagaFinished) and output.outcome == COMPENSATION_FAILED:
+                    await self.send(self.routes.operator, key, output)  # a human must act
         self.sagas[key] = saga
         return None

@@ -420,6 +420,10 @@ def check_sagas(log: Log, settings: Settings, findings: Findings) -> dict[str, i
         outcomes = finished.get(saga_id, set())
         if not outcomes:
             findings.add("sagas_finished", f"saga {saga_id} never finished", [entry], open_=True)
+        elif "COMPENSATION_FAILED" in outcomes:
+            findings.add("sagas_finished", f"saga {saga_id} could not be compensated (COMPENSATION_FAILED): "
+                         "a human must act; see the SagaFinished detail and the operator topic",
+                         [finished_at[saga_id]])
         elif len(outcomes) > 1 or not outcomes <= {"COMPLETED", "COMPENSATED"}:
             findings.add("sagas_finished", f"saga {saga_id} finished as {sorted(outcomes)}",
                          [finished_at[saga_id]])

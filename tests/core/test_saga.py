@@ -23,7 +23,15 @@ from contract import (
     ToolIntent,
     ToolRejected,
 )
-from cores.saga import COMPENSATED, COMPLETED, Saga, decide, evolve
+from cores.saga import (
+    COMPENSATED,
+    COMPENSATION_FAILED,
+    COMPLETED,
+    MAX_COMPENSATION_ATTEMPTS,
+    Saga,
+    decide,
+    evolve,
+)
 
 CAUSE = Cause(topic="saga", partition=0, offset=0)
 SAGA = "saga:refactor-7"
@@ -154,7 +162,7 @@ def test_any_interleaving_ends_compensated_with_each_step_undone_once(steps: int
     last_intent: ToolIntent | None = None
     last_lock: LockRequested | None = None
     for action in [*script, *["apply"] * (3 * steps)]:
-        if r.saga.status == COMPENSATED:
+        if r.saga.status in (COMPENSATED, COMPENSATION_FAILED):
             break
         lock = next((o for o in pending if isinstance(o, LockRequested)), None)
         if lock is not None:
@@ -172,7 +180,53 @@ def test_any_interleaving_ends_compensated_with_each_step_undone_once(steps: int
             continue
         last_intent = intent
         pending = r.applied(intent) if action != "reject" else r.rejected(intent)
-    assert r.saga.status == COMPENSATED
     undone = [o.step for o in r.out if isinstance(o, Compensated)]
+    (finished,) = [o for o in r.out if isinstance(o, SagaFinished)]
+    if r.saga.status == COMPENSATION_FAILED:
+        # Given up after a bounded number of refusals of one step, never looping; what was undone stays undone.
+        detail = json.loads(finished.detail or "{}")
+        assert detail["attempts"] == MAX_COMPENSATION_ATTEMPTS and detail["last_reason"] == "tool_failed"
+        assert undone == list(range(steps - 1, detail["failed_step"], -1))
+        assert detail["not_compensated"] == list(range(detail["failed_step"], -1, -1))
+        return
+    assert r.saga.status == COMPENSATED
     assert undone == list(range(steps - 1, -1, -1)), "reverse order, each step exactly once"
-    assert sum(isinstance(o, SagaFinished) for o in r.out) == 1
+
+
+def test_a_compensation_that_cannot_succeed_ends_the_saga_at_once_for_a_human() -> None:
+    r = Runner()
+    r.step(0)
+    (lock,) = r.feed(abort())
+    (intent,) = r.grant(lock)
+    release, finished = r.rejected(intent, reason="unknown_tool")
+    assert isinstance(release, LockReleaseRequested)
+    assert isinstance(finished, SagaFinished) and finished.outcome == COMPENSATION_FAILED
+    assert json.loads(finished.detail or "{}")["not_compensated"] == [0]
+    assert r.saga.status == COMPENSATION_FAILED and r.feed(abort()) == []
+
+
+def test_a_lease_the_configuration_refuses_ends_the_saga_instead_of_looping() -> None:
+    from contract import LockDenied
+
+    r = Runner()
+    r.step(0)
+    (lock,) = r.feed(abort())
+    (finished,) = r.feed(LockDenied(request_id=lock.request_id, agent_id=SAGA, resource=lock.resource,
+                                    reason="invalid_ttl", detail="{}", decided_at_ms=0, cause=CAUSE))
+    assert isinstance(finished, SagaFinished) and finished.outcome == COMPENSATION_FAILED
+
+
+def test_a_step_reported_after_the_saga_was_compensated_is_undone_too() -> None:
+    r = Runner()
+    r.step(0)
+    (lock,) = r.feed(abort())
+    (intent,) = r.grant(lock)
+    r.applied(intent)
+    assert r.saga.status == COMPENSATED
+    r.step(1)  # a write that was in flight when the saga was aborted reports now
+    (late,) = [o for o in r.out[-1:] if isinstance(o, LockRequested)]
+    assert late.resource == "account:1"
+    (intent,) = r.grant(late)
+    r.applied(intent)
+    assert [o.step for o in r.out if isinstance(o, Compensated)] == [0, 1]
+    assert r.saga.status == COMPENSATED

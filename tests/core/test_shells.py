@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
-from contract import Ping, SagaStep
+import asyncio
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from arbiter.audit.replay import Engine
+from contract import MODELS, Cause, ContractError, LockRequested, Ping, Record, SagaStep, WaitEdgeAdded
+from contract.codec import SCHEMA_DIR
+from contract.settings import Settings
+from cores.gateway import ToolOutcome
 from shells.saga import saga_key_problem
+
+from ..avro_strategies import for_record
 
 
 def step(saga_id: str) -> SagaStep:
@@ -19,3 +32,62 @@ def test_saga_keys_must_be_utf8_saga_ids_matching_the_record() -> None:
     # Not UTF-8, and a record without a saga id: dead-lettered, not a crash loop.
     ping = Ping(ping_id="p", agent_id="a", sent_at_ms=0)
     assert saga_key_problem(b"saga:\xff", ping).reason == "key_mismatch"  # type: ignore[union-attr]
+
+
+# -- no single input stops a processor ------------------------------------------------------------
+
+_SCHEMAS = {raw["namespace"] + "." + raw["name"]: raw for raw in
+            (json.loads(p.read_text()) for p in SCHEMA_DIR.rglob("*.avsc")
+             if "history" not in p.relative_to(SCHEMA_DIR).parts)}
+
+
+class _Tools:
+    def names(self) -> frozenset[str]:
+        return frozenset({"refund"})
+
+    def parse(self, intent: object) -> object:
+        return {}
+
+    async def run(self, intent: object, arguments: object) -> ToolOutcome:
+        return ToolOutcome(True, "{}")
+
+
+def _records() -> st.SearchStrategy[Record]:
+    """Any well-typed record of any model, with values the schema allows (absurd ones included)."""
+    return st.one_of(*[for_record(_SCHEMAS[model.AVRO_NAME]).map(lambda d, m=model: m.model_validate(d))
+                       for model in MODELS])
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(record=_records(), topic=st.sampled_from(["commands", "edges", "sagas"]),
+       key=st.one_of(st.none(), st.binary(max_size=12), st.just(b"saga:x"), st.just(b"global")))
+def test_any_well_typed_record_on_any_topic_is_decided_or_refused_never_raises(record: Record, topic: str,
+                                                                               key: bytes | None) -> None:
+    settings_ = Settings()
+    engine = Engine(settings_, _Tools())
+    name = {"commands": settings_.topics.resource_commands, "edges": settings_.topics.wait_edges,
+            "sagas": settings_.topics.saga_commands}[topic]
+    shell = engine.shells.for_topic(name)
+    assert shell is not None
+    problem = asyncio.run(shell.handle(key, record, 1_000_000, Cause(topic=name, partition=0, offset=0)))
+    assert problem is None or isinstance(problem, ContractError)
+
+
+@pytest.mark.parametrize("topic", ["resource_commands", "wait_edges", "saga_commands"])
+def test_records_of_another_topic_are_refused_not_decided(topic: str) -> None:
+    settings_ = Settings()
+    engine = Engine(settings_, _Tools())
+    name = getattr(settings_.topics, topic)
+    shell = engine.shells.for_topic(name)
+    assert shell is not None
+    lock = LockRequested(request_id="r", agent_id="a", resource="saga:x", mode="exclusive", ttl_ms=1000,
+                         wait_ms=0, sent_at_ms=1_000_000)
+    edge = WaitEdgeAdded(edge_id="e", waiter="a", holder="b", source="delegation", resource=None,
+                         waiter_priority=0, waiter_registered_at_ms=0, added_at_ms=0)
+    cause = Cause(topic=name, partition=0, offset=0)
+    for record, home in ((lock, "resource_commands"), (edge, "wait_edges")):
+        problem = asyncio.run(shell.handle(b"saga:x" if topic == "saga_commands" else None, record, 1_000_000,
+                                           cause))
+        if home != topic:
+            assert isinstance(problem, ContractError), (record, topic)
+    assert engine.books == {} and engine.sagas == {} and not any(g.edges for g in engine.graphs.values())

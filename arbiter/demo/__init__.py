@@ -33,6 +33,7 @@ from arbiter.localkafka import LocalKafka, LocalKafkaError, broker_answers
 from arbiter.processes import WorkerPool
 from contract import (
     Compensated,
+    ContractError,
     DeadlockDetected,
     LockCancelled,
     LockDenied,
@@ -134,22 +135,38 @@ class LiveState:
         return out
 
 
-async def follow(settings: Settings, state: LiveState, stop: asyncio.Event) -> None:
-    """Fold the run's decision topics into ``state`` until ``stop`` (read-only, no group)."""
+async def follow(settings: Settings, state: LiveState, stop: asyncio.Event,
+                 catch_up: asyncio.Event | None = None) -> None:
+    """Fold the run's decision topics into ``state`` until ``stop`` (read-only, no group).
+
+    Once ``catch_up`` is set, it reads on to the topics' end offsets as of then, and
+    returns. A message that does not decode is skipped and counted; a bug in the fold
+    is raised.
+    """
     codec = default_codec(settings.max_message_bytes)
     t = settings.topics
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, enable_auto_commit=False,
                                 auto_offset_reset="earliest", fetch_max_wait_ms=100)
     await consumer.start()
     try:
-        consumer.assign([TopicPartition(topic, p) for topic in (t.resource_events, t.wait_edges, t.saga_events)
-                         for p in range(settings.partitions)])
+        tps = [TopicPartition(topic, p) for topic in (t.resource_events, t.wait_edges, t.saga_events)
+               for p in range(settings.partitions)]
+        consumer.assign(tps)
+        ends: dict[TopicPartition, int] | None = None
         while not stop.is_set():
+            if ends is None and catch_up is not None and catch_up.is_set():
+                ends = await consumer.end_offsets(tps)
+            if ends is not None and all([await consumer.position(tp) >= ends[tp] for tp in tps]):
+                return
             batch = await consumer.getmany(timeout_ms=200)
             for messages in batch.values():
                 for message in messages:
-                    with contextlib.suppress(Exception):
-                        state.feed(codec.decode(message.value))
+                    try:
+                        record = codec.decode(message.value)
+                    except ContractError:
+                        state.counts["messages the view could not decode"] += 1
+                        continue
+                    state.feed(record)
     finally:
         await consumer.stop()
 
@@ -226,7 +243,8 @@ async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: Liv
             client = await stack.enter_async_context(ArbiterClient(agent_id, settings))
             return SafeWorkspace(client, ledger)
 
-        follower = asyncio.create_task(follow(settings, live, stop))
+        caught_up = asyncio.Event()
+        follower = asyncio.create_task(follow(settings, live, stop, caught_up))
         swarm = asyncio.create_task(run_swarm(plan, workspace, tally))
         started = time.monotonic()
         try:
@@ -235,7 +253,13 @@ async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: Liv
                 screen.draw(live.lines(tally.done, plan.steps(), time.monotonic() - started))
                 await asyncio.wait({swarm}, timeout=0.25)
             await swarm
-            await asyncio.sleep(0.5)  # let the last decisions reach the view
+            # Every agent has had its answers, so their decisions are in the log: the view
+            # reads up to the decision topics' end offsets as of now (a bug in it is raised).
+            caught_up.set()
+            try:
+                await asyncio.wait_for(follower, timeout=30)
+            except TimeoutError:
+                raise RuntimeError("the live view did not reach the end of the decision topics within 30 s") from None
             screen.draw(live.lines(tally.done, plan.steps(), time.monotonic() - started))
         finally:
             stop.set()

@@ -27,7 +27,6 @@ from typing import Any
 
 import click
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.partitioner import DefaultPartitioner
 
 from arbiter.localkafka import LocalKafka, LocalKafkaError, broker_answers
 from arbiter.processes import WorkerPool
@@ -49,20 +48,9 @@ from contract import (
     ToolRejected,
     default_codec,
 )
+from contract.partitioning import key_for_partition
 from contract.settings import Settings, Topics
 from runtime.topics import ensure_topics
-
-
-def key_for_partition(partition: int, partitions: int, prefix: str = "demo:") -> str:
-    """A message key that the default partitioner sends to ``partition``."""
-    all_parts = list(range(partitions))
-    partitioner = DefaultPartitioner()
-    for i in range(100_000):
-        key = f"{prefix}{i}"
-        if partitioner(key.encode(), all_parts, all_parts) == partition:
-            return key
-    raise RuntimeError(f"no key found for partition {partition}")
-
 
 # -- the live view -------------------------------------------------------------------------
 
@@ -162,7 +150,7 @@ async def follow(settings: Settings, state: LiveState, stop: asyncio.Event,
             for messages in batch.values():
                 for message in messages:
                     try:
-                        record = codec.decode(message.value)
+                        record: Record = codec.decode(message.value)
                     except ContractError:
                         state.counts["messages the view could not decode"] += 1
                         continue
@@ -384,13 +372,13 @@ def demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool
 
 
 def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool, ledger_dsn: str | None) -> None:
-    from arbiter.cli import _fail, _settings
+    from arbiter.console import fail, settings_of
     from arbiter.demo.swarm import Plan
 
     if workers < 1 or speed <= 0:
-        _fail("--workers must be at least 1 and --speed above 0")
+        fail("--workers must be at least 1 and --speed above 0")
     run = f"{seed}-{uuid.uuid4().hex[:6]}"
-    settings = run_settings(_settings(ctx), run, ledger_dsn)
+    settings = run_settings(settings_of(ctx), run, ledger_dsn)
     folder = settings.home / "demo" / run
     html = (folder / "audit.html").resolve()
 
@@ -414,9 +402,9 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
                 try:
                     click.echo(f"  {local.up()}")
                 except LocalKafkaError as exc:
-                    _fail(str(exc), exc.log_tail)
+                    fail(str(exc), exc.log_tail)
         if not broker_answers(settings.bootstrap):
-            _fail(f"no Kafka answers at {settings.bootstrap}")
+            fail(f"no Kafka answers at {settings.bootstrap}")
         click.echo(f"kafka at {settings.bootstrap}; run {run}: topics arbiter.demo.{run}.*, "
                    f"ledger {settings.ledger_url()}")
         asyncio.run(ensure_topics(settings))
@@ -441,12 +429,12 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
             interrupted = True
             click.echo("\ninterrupted: stopping the swarm; auditing the partial log")
         except Exception as exc:  # report, then the exit stack cleans up what was started
-            _fail(f"demo failed: {type(exc).__name__}: {exc}")
+            fail(f"demo failed: {type(exc).__name__}: {exc}")
         stop_workers()  # nothing more is decided: the audit reads a log at rest
         try:
             report = _audit_run(settings, not interrupted, html)
         except Exception as exc:
-            _fail(f"could not audit the run's log: {type(exc).__name__}: {exc}")
+            fail(f"could not audit the run's log: {type(exc).__name__}: {exc}")
         verdict = report["verdict"] == "pass"
         if not interrupted:
             safe = _result("with Arbiter", plan, tally, ledger, live)

@@ -57,6 +57,7 @@ class Reason(StrEnum):
     TOO_LARGE = "too_large"
     UNSUPPORTED_COMMAND = "unsupported_command"
     KEY_MISMATCH = "key_mismatch"
+    PROCESSOR_FAILED = "processor_failed"
 
 
 _RE_ACQUIRE = "Stop acting on this resource; re-acquire it and re-read its state before you continue."
@@ -108,6 +109,8 @@ WHAT_TO_DO: dict[Reason, str] = {
     Reason.TOO_LARGE: "Send a smaller message, within the configured maximum.",
     Reason.UNSUPPORTED_COMMAND: "Send this record to the topic that carries it.",
     Reason.KEY_MISMATCH: "Key the message by the id it names (the resource, the saga), as the SDK does.",
+    Reason.PROCESSOR_FAILED: "A processor failed on this message (a bug in Arbiter, not in your request): it was "
+                             "quarantined with nothing applied. Report it; send a corrected request with a new id.",
 }
 
 RETRIABLE: frozenset[Reason] = frozenset({

@@ -115,6 +115,11 @@ class ContentState:
     """The latest send time of an intent forgotten early (over ``max_remembered_ids``): no intent
     sent at or before it is decided any more."""
 
+    def copy(self) -> ContentState:
+        """An independent copy (changes and outcomes are immutable and shared)."""
+        return ContentState(self.resource, self.version, self.content_hash, list(self.history), dict(self.outcomes),
+                            self.clock_ms, self.forgotten_sent_ms)
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly snapshot (the table's changelog format)."""
         return {

@@ -188,6 +188,11 @@ class LeaseBook:
         times.extend(w.deadline_ms for w in self.queue)
         return min(times) if times else None
 
+    def copy(self) -> LeaseBook:
+        """An independent copy (leases and waiters are immutable and shared)."""
+        return LeaseBook(self.resource, self.last_token, self.clock_ms, self.seq, dict(self.holders),
+                         list(self.queue), dict(self.seen), self.forgotten_sent_ms)
+
     def is_idle(self) -> bool:
         """No holders and no waiters (the token counter still matters)."""
         return not self.holders and not self.queue

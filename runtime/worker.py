@@ -13,7 +13,9 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
+import traceback
 from typing import Any, cast
 
 import faust
@@ -21,6 +23,7 @@ from faust.serializers import codecs
 
 from contract import Cause, ContractError, LockTick, Record, ToolIntent, WorkerStarted, default_codec
 from contract.clock import now_ms
+from contract.reasons import Reason
 from contract.settings import Settings
 from cores.saga import Saga
 from shells import RowGraphStore, Rules, ToolRunner, build_shells
@@ -74,6 +77,15 @@ class ArbiterApp(faust.App):
     """faust App that uses Arbiter's transport (see ``runtime.transport``)."""
 
     arbiter_fetch_max_wait_ms: int | None = None
+    exit_after_crash_s: float = 15.0
+
+    async def crash(self, reason: BaseException) -> None:
+        """Crash as faust does, but never hang half-stopped: if the process is still here after
+        ``exit_after_crash_s``, it exits 1 so that a supervisor can restart it."""
+        timer = threading.Timer(self.exit_after_crash_s, os._exit, (1,))
+        timer.daemon = True
+        timer.start()
+        await super().crash(reason)
 
     def _new_transport(self) -> Any:
         return Transport(self.conf.broker_consumer, self)
@@ -136,19 +148,22 @@ def default_tools(settings: Settings) -> ToolRunner:
 
 
 def failpoint(settings: Settings) -> Any:
-    """``ARBITER_FAILPOINT=crash_after_tool:<intent id prefix>``: SIGKILL this worker right
-    after the tool of the first intent whose id starts with the prefix ran, before its
-    outcome is recorded. For crash tests only."""
+    """Fault injection, for tests only. ``ARBITER_FAILPOINT=crash_after_tool:<intent id prefix>``:
+    SIGKILL this worker right after the tool of an intent whose id starts with the prefix ran,
+    before its outcome is recorded; ``raise_after_tool:<prefix>``: raise there instead (a
+    processor bug, which the worker quarantines)."""
     spec = os.environ.get("ARBITER_FAILPOINT", "")
     kind, _, target = spec.partition(":")
-    if kind != "crash_after_tool" or not target:
+    if kind not in ("crash_after_tool", "raise_after_tool") or not target:
         return lambda _intent: None
 
-    def crash(intent: ToolIntent) -> None:
+    def inject(intent: ToolIntent) -> None:
         if intent.intent_id.startswith(target):
-            os.kill(os.getpid(), signal.SIGKILL)
+            if kind == "crash_after_tool":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"failpoint raise_after_tool:{target} hit by intent {intent.intent_id}")
 
-    return crash
+    return inject
 
 
 def restart_worker() -> None:
@@ -170,7 +185,6 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
     def raw_topic(name: str) -> Any:
         return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
-    commands = raw_topic(topics.resource_commands)
     dead_letters = raw_topic(topics.dead_letter)
 
     async def send(topic: str, key: bytes, record: Record) -> None:
@@ -182,19 +196,27 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
     def generation() -> int | None:
         return cast(int | None, app.consumer_generation_id)
 
-    shells = build_shells(
-        rules, topics, settings.partitions,
-        books=raw_key_table(app, "leases", "arbiter-leasebook", settings.partitions),
-        contents=raw_key_table(app, "contents", "arbiter-content", settings.partitions),
+    stores: dict[str, Any] = {
+        "books": raw_key_table(app, "leases", "arbiter-leasebook", settings.partitions),
+        "contents": raw_key_table(app, "contents", "arbiter-content", settings.partitions),
         # One small changelog entry per edge (not the whole graph per write): the graph is
         # rebuilt in memory from the table after a rebalance.
-        graphs=RowGraphStore(raw_key_table(app, "waitedges", "raw", settings.partitions), generation),
-        sagas=raw_key_table(app, "sagas", "arbiter-saga", settings.partitions),
-        tools=tools or default_tools(settings), send=send, worker_id=me, generation=generation,
-        after_tool=failpoint(settings),
-        on_detection=lambda d: app.log.warning("deadlock %s: victim %s, cycle %s", d.detection_id, d.victim,
-                                               " -> ".join(d.cycle)),
-    )
+        "graphs": RowGraphStore(raw_key_table(app, "waitedges", "raw", settings.partitions), generation),
+        "sagas": raw_key_table(app, "sagas", "arbiter-saga", settings.partitions),
+    }
+    runner = tools or default_tools(settings)
+
+    def shells_sending_to(outbox: list[tuple[str, bytes, Record]]) -> Any:
+        """The shells over the shared tables, each output held in ``outbox`` until its input is done."""
+        async def hold(topic: str, key: bytes, record: Record) -> None:
+            outbox.append((topic, key, record))
+
+        return build_shells(
+            rules, topics, settings.partitions, **stores, tools=runner, send=hold, worker_id=me,
+            generation=generation, after_tool=failpoint(settings),
+            on_detection=lambda d: app.log.warning("deadlock %s: victim %s, cycle %s", d.detection_id, d.victim,
+                                                   " -> ".join(d.cycle)),
+        )
 
     async def reject(event: Any, cause: Cause, error: ContractError, processor: str) -> None:
         letter = dead_letter(error, processor=processor, source=cause, key=event.key,
@@ -208,7 +230,8 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
 
     def processor(name: str, topic_name: str) -> None:
         """Register a thin processor: decode (dead-lettering what does not), then the topic's shell."""
-        shell = shells.for_topic(topic_name)
+        outbox: list[tuple[str, bytes, Record]] = []
+        shell = shells_sending_to(outbox).for_topic(topic_name)
         assert shell is not None
 
         async def run(stream: Any) -> None:
@@ -228,15 +251,21 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
                     continue
                 # The broker's append time: the same on every redelivery (see cores.leases).
                 at_ms = round(msg.timestamp * 1000) if msg.timestamp else now_ms()
+                outbox.clear()
                 try:
                     problem = await shell.handle(event.key, record, at_ms, cause)
-                except Exception as exc:
-                    # A bug, not bad input. Carrying on would leave a table behind the events
-                    # already sent, so stop the worker: it restarts from the last committed
-                    # offset and rebuilds its tables from their changelogs.
-                    app.log.exception("%s processor failed on %r; stopping the worker", name, msg)
-                    await app.crash(exc)
-                    raise
+                except Exception:
+                    # A bug, not bad input. Quarantine the input: nothing it caused has been sent
+                    # (outputs wait in the outbox) and the shells wrote no state (copy on write),
+                    # so dropping both leaves no half-applied decision; the offset moves on, so
+                    # it is never retried into a crash loop.
+                    app.log.exception("%s processor failed on %s[%d]@%d; quarantined", name, msg.topic,
+                                      msg.partition, msg.offset)
+                    outbox.clear()
+                    problem = ContractError(Reason.PROCESSOR_FAILED, traceback.format_exc(limit=8)[-1800:])
+                for topic, key, output in outbox:
+                    await send(topic, key, output)
+                outbox.clear()
                 if problem is not None:
                     await reject(event, cause, problem, name)
 
@@ -281,9 +310,12 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
     @app.timer(interval=settings.tick_interval_ms / 1000.0, on_leader=False)  # type: ignore[untyped-decorator]
     async def tick_owned_partitions() -> None:
         # One tick per partition this worker owns: expiry decisions go through the log.
+        # Sent with the plain producer, never inside a transaction: under exactly_once a tick in a
+        # transaction waits for the next offset commit, and an idle worker has none to make.
         owned = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == topics.resource_commands)
+        producer = await app.maybe_start_producer()
         for partition in owned:
             tick = LockTick(tick_id=f"{me}:{partition}:{next(tick_ids)}", partition=partition, sent_at_ms=now_ms())
-            await commands.send(key=TICK_KEY, value=codec.encode(tick), partition=partition)
+            await producer.send(topics.resource_commands, TICK_KEY, codec.encode(tick), partition, None, None)
 
     return app

@@ -73,6 +73,11 @@ class RowGraphStore:
         self._loaded[key] = set(graph.edges), set(graph.cancelled)
         return graph
 
+    def discard(self, key: bytes) -> None:
+        """Forget the graph in memory; the next ``get`` rebuilds it from the rows."""
+        self._cache.pop(key, None)
+        self._loaded.pop(key, None)
+
     def save(self, key: bytes, graph: WaitGraph) -> None:
         """Write the rows of ``graph`` that changed since ``get``."""
         edges_before, cancelled_before = self._loaded.pop(key, (set(), set()))
@@ -101,6 +106,9 @@ class DictGraphStore:
     def save(self, key: bytes, graph: WaitGraph) -> None:
         """Nothing to write: the graph was changed in place."""
 
+    def discard(self, key: bytes) -> None:
+        """Nothing to rebuild from: the graph stays as the failed input left it (a replay reports what follows)."""
+
 
 GraphStore = RowGraphStore | DictGraphStore
 
@@ -125,7 +133,12 @@ class DeadlockShell:
             return None  # our own decisions, logged beside the edges they were made from
         assert key is not None and isinstance(edge, WaitEdgeAdded | WaitEdgeRemoved)
         graph = self.store.get(key)
-        for detection in await self._fold(graph, key, edge, now_ms, cause):
+        try:
+            detections = await self._fold(graph, key, edge, now_ms, cause)
+        except Exception:
+            self.store.discard(key)  # the graph in memory may be half-changed: rebuild it from its rows
+            raise
+        for detection in detections:
             self.on_detection(detection)
         self.store.save(key, graph)
         return None

@@ -113,10 +113,10 @@ class ResourceShell:
 
     async def decide(self, key: bytes, command: LockCommand, now_ms: int, cause: Cause) -> list[LockEvent]:
         """Decide one lock command for the resource ``key`` and publish the result."""
-        book = self.books.get(key)
-        fresh = book is None
-        if book is None:
-            book = new_book(key.decode("utf-8", errors="replace"))
+        # Copy on write: if anything below raises, the table still holds the book as it was.
+        stored = self.books.get(key)
+        fresh = stored is None
+        book = new_book(key.decode("utf-8", errors="replace")) if stored is None else stored.copy()
         events = step(book, command, now_ms, cause, self.rules, self._version(key))
         await self._publish(key, events)
         if not (fresh and book.is_idle() and book.last_token == 0):
@@ -130,7 +130,8 @@ class ResourceShell:
         """Gate an intent; run its tool when accepted; record and publish the outcome."""
         resource = key.decode("utf-8", errors="replace")
         book = self.books.get(key) or new_book(resource)
-        content = self.contents.get(key) or ContentState(resource)
+        stored = self.contents.get(key)
+        content = ContentState(resource) if stored is None else stored.copy()  # copy on write, as in decide
         verdict = gateway.check(book, content, intent, now_ms, cause, self.gate_rules, self.tools.names())
         if verdict is content.outcomes.get(intent.intent_id):
             # Seen before: answer again, never run again, record nothing new.
@@ -178,10 +179,11 @@ class ResourceShell:
         touched = 0
         while heap and heap[0][0] <= now_ms:
             _, key = heapq.heappop(heap)
-            book = self.books.get(key)
-            due = book.next_deadline() if book is not None else None
-            if book is None or due is None or due > now_ms:
+            stored = self.books.get(key)
+            due = stored.next_deadline() if stored is not None else None
+            if stored is None or due is None or due > now_ms:
                 continue  # stale entry: the book moved on since it was indexed
+            book = stored.copy()
             events = step(book, tick, now_ms, cause, self.rules, self._version(key))
             await self._publish(key, events)
             self.books[key] = book

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
@@ -51,7 +52,8 @@ class SagaShell:
         if problem is not None:
             return problem
         assert key is not None
-        saga = self.sagas.get(key) or Saga(key.decode())
+        stored = self.sagas.get(key)
+        saga = Saga(key.decode()) if stored is None else copy.deepcopy(stored)  # copy on write
         outputs = saga_core.decide(saga, record, now_ms, cause)
         saga_core.evolve(saga, record)
         for output in outputs:

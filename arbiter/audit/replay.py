@@ -155,7 +155,12 @@ class Engine:
             return self._out
         if entry.record is None:
             return [(DEAD_LETTER, entry.key or b"", _NOTHING)]
-        problem = await shell.handle(entry.key, entry.record, entry.timestamp_ms, entry.cause)
+        try:
+            problem = await shell.handle(entry.key, entry.record, entry.timestamp_ms, entry.cause)
+        except Exception:
+            # The worker quarantines such an input (processor_failed, nothing sent): so does the replay.
+            self._out = []
+            return [(DEAD_LETTER, entry.key or b"", _NOTHING)]
         if problem is not None:
             self._out.append((DEAD_LETTER, entry.key or b"", _NOTHING))
         return self._out

@@ -115,3 +115,19 @@ def test_many_workers_can_open_one_sqlite_ledger_at_once(tmp_path: object) -> No
     for t in threads:
         t.join()
     assert errors == []
+
+
+def test_an_intent_is_its_resource_and_its_id_as_at_the_gateway(ledger: Ledger, registry: ToolRegistry) -> None:
+    """The same intent id on two resources is two writes (the gateway decides them on two resources): both
+    run, each once; neither is answered with the other's result."""
+    here = run(registry, intent("refund", {"order_id": "o-1", "amount": 100}, resource="account:cust_8492"))
+    there = run(registry, intent("refund", {"order_id": "o-9", "amount": 100}, resource="account:cust_1"))
+    assert here[0] and there[0] and here != there
+    assert ledger.balances()["cust_8492"] == 9_900 and ledger.balances()["cust_1"] == 400
+    again = run(registry, intent("refund", {"order_id": "o-9", "amount": 100}, resource="account:cust_1"))
+    assert again == there and ledger.balances()["cust_1"] == 400
+    undone = run(registry, intent("reverse_refund", {"refund_intent_id": "i1"}, resource="account:cust_1",
+                                  intent_id="undo-1"))
+    assert undone == (True, {"reversed": "i1", "amount": 100})
+    assert ledger.balances()["cust_1"] == 500 and ledger.balances()["cust_8492"] == 9_900
+    assert ledger.invariants()["ok"]

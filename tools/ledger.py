@@ -1,10 +1,11 @@
 """The ledger: accounts, refunds and documents in a real SQL database.
 
 SQLite (a file) is the embedded default; a ``postgresql://`` DSN selects PostgreSQL.
-Every tool runs in one database transaction that also records its intent id in
-``applied_intents``: a redelivered intent (say, the worker died after the tool ran
-but before its offset was committed) finds its id there and returns the recorded
-result without applying anything again.
+Every tool runs in one database transaction that also records its intent in
+``intent_results``: a redelivered intent (say, the worker died after the tool ran
+but before its offset was committed) finds itself there and returns the recorded
+result without applying anything again. An intent is its resource and its id, the
+scope the gateway gives it too: the same id on two resources is two writes.
 
 Money is integer cents. ``CHECK (balance >= 0)`` backs the rule that no balance goes
 negative; ``invariants()`` checks it, money conservation and double refunds.
@@ -32,16 +33,19 @@ SCHEMA = [
     """CREATE TABLE IF NOT EXISTS accounts (
         id TEXT PRIMARY KEY,
         balance BIGINT NOT NULL CHECK (balance >= 0))""",
-    """CREATE TABLE IF NOT EXISTS applied_intents (
-        intent_id TEXT PRIMARY KEY,
+    """CREATE TABLE IF NOT EXISTS intent_results (
+        resource TEXT NOT NULL,
+        intent_id TEXT NOT NULL,
         tool TEXT NOT NULL,
-        result TEXT NOT NULL)""",
+        result TEXT NOT NULL,
+        PRIMARY KEY (resource, intent_id))""",
     """CREATE TABLE IF NOT EXISTS refunds (
-        intent_id TEXT PRIMARY KEY,
+        intent_id TEXT NOT NULL,
         account TEXT NOT NULL,
         order_id TEXT NOT NULL,
         amount BIGINT NOT NULL,
-        reversed_by TEXT)""",
+        reversed_by TEXT,
+        PRIMARY KEY (account, intent_id))""",
     """CREATE TABLE IF NOT EXISTS documents (
         id TEXT PRIMARY KEY,
         revision BIGINT NOT NULL,
@@ -125,7 +129,7 @@ class Ledger:
     def seed(self, balances: dict[str, int]) -> None:
         """Start over with these balances (plus an empty payouts account)."""
         with self.transaction() as cur:
-            for table in ("accounts", "applied_intents", "refunds", "documents", "ledger_meta"):
+            for table in ("accounts", "intent_results", "refunds", "documents", "ledger_meta"):
                 cur.run(f"DELETE FROM {table}")
             for account, balance in sorted({**balances, PAYOUTS: balances.get(PAYOUTS, 0)}.items()):
                 cur.run("INSERT INTO accounts (id, balance) VALUES (?, ?)", (account, balance))
@@ -158,7 +162,7 @@ class Ledger:
     def applied(self, tool: str) -> list[str]:
         """Intent ids of every run of ``tool`` that applied (or was found applied), sorted."""
         with self.transaction() as cur:
-            return [r[0] for r in cur.run("SELECT intent_id FROM applied_intents WHERE tool = ? ORDER BY intent_id",
+            return [r[0] for r in cur.run("SELECT intent_id FROM intent_results WHERE tool = ? ORDER BY intent_id",
                                           (tool,))]
 
     def document(self, doc_id: str) -> tuple[int, dict[str, Any]] | None:
@@ -251,13 +255,14 @@ async def _once(ledger: Ledger, call: ToolCall, tool: str,
     record its result; a repeated intent gets the recorded result back."""
 
     def work(cur: Any) -> dict[str, Any]:
-        done = cur.run("SELECT result FROM applied_intents WHERE intent_id = ?", (call.intent_id,))
+        done = cur.run("SELECT result FROM intent_results WHERE resource = ? AND intent_id = ?",
+                       (call.resource, call.intent_id))
         if done:
             recorded: dict[str, Any] = json.loads(done[0][0])
             return recorded
         result = effect(cur)
-        cur.run("INSERT INTO applied_intents (intent_id, tool, result) VALUES (?, ?, ?)",
-                (call.intent_id, tool, json.dumps(result, sort_keys=True)))
+        cur.run("INSERT INTO intent_results (resource, intent_id, tool, result) VALUES (?, ?, ?, ?)",
+                (call.resource, call.intent_id, tool, json.dumps(result, sort_keys=True)))
         return result
 
     return await ledger.call(work)
@@ -300,16 +305,16 @@ def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
         assert isinstance(args, ReverseRefundArgs)
 
         def apply(cur: Any) -> dict[str, Any]:
-            rows = cur.run("SELECT account, amount, reversed_by FROM refunds WHERE intent_id = ?",
-                           (args.refund_intent_id,))
+            rows = cur.run("SELECT account, amount, reversed_by FROM refunds WHERE intent_id = ? AND account = ?",
+                           (args.refund_intent_id, _account_of(call.resource)))
             if not rows:
                 return {"reversed": None, "note": "no such refund; nothing to undo"}
             account, amount, reversed_by = rows[0]
             if reversed_by:
                 return {"reversed": args.refund_intent_id, "note": f"already reversed by {reversed_by}"}
             _move(cur, PAYOUTS, account, int(amount))
-            cur.run("UPDATE refunds SET reversed_by = ? WHERE intent_id = ?",
-                    (call.intent_id, args.refund_intent_id))
+            cur.run("UPDATE refunds SET reversed_by = ? WHERE intent_id = ? AND account = ?",
+                    (call.intent_id, args.refund_intent_id, account))
             return {"reversed": args.refund_intent_id, "amount": int(amount)}
 
         return await _once(ledger, call, "reverse_refund", apply)

@@ -240,7 +240,7 @@ def check_leases_and_writes(log: Log, settings: Settings, findings: Findings) ->
     high: dict[str, tuple[int, Entry]] = {}
     version: dict[str, tuple[int, str]] = {}
     seen_grants: set[tuple[str, str]] = set()
-    applied: dict[str, ToolApplied] = {}
+    applied: dict[tuple[str, str], ToolApplied] = {}
     for entry in log.of(settings.topics.resource_events):
         event = entry.record
         if isinstance(event, LockGranted):
@@ -276,7 +276,7 @@ def check_leases_and_writes(log: Log, settings: Settings, findings: Findings) ->
             if lease is not None:
                 lease.expires_at_ms = event.expires_at_ms  # type: ignore[union-attr]
         elif isinstance(event, ToolApplied):
-            if applied.get(event.intent_id) == event:
+            if applied.get((event.resource, event.intent_id)) == event:
                 continue  # redelivered copy
             _check_write(log, entry, event, leases, high, version, applied, findings)
             stats["writes"] += 1
@@ -287,11 +287,11 @@ def check_leases_and_writes(log: Log, settings: Settings, findings: Findings) ->
 
 def _check_write(log: Log, entry: Entry, event: ToolApplied, leases: dict[str, dict[int, _LeaseView]],
                  high: dict[str, tuple[int, Entry]], version: dict[str, tuple[int, str]],
-                 applied: dict[str, ToolApplied], findings: Findings) -> None:
+                 applied: dict[tuple[str, str], ToolApplied], findings: Findings) -> None:
     r, now = event.resource, event.decided_at_ms
-    if event.intent_id in applied:
+    if (r, event.intent_id) in applied:
         findings.add("one_outcome", f"intent {event.intent_id} applied twice", [entry], resource=r, at_ms=now)
-    applied[event.intent_id] = event
+    applied[r, event.intent_id] = event
     if event.token is not None:
         lease = leases[r].get(event.token)
         top = high.get(r)
@@ -338,8 +338,8 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
     finals: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
     final_at: dict[tuple[str, str], Entry] = {}
     queued: set[tuple[str, str]] = set()
-    outcomes: dict[str, set[tuple[str, str]]] = defaultdict(set)
-    outcome_at: dict[str, Entry] = {}
+    outcomes: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)  # (resource, intent id): its scope
+    outcome_at: dict[tuple[str, str], Entry] = {}
     for entry in log.of(topics.resource_events):
         e = entry.record
         if isinstance(e, _FINAL):
@@ -348,11 +348,11 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
         elif isinstance(e, LockQueued):
             queued.add((e.resource, e.request_id))
         elif isinstance(e, ToolApplied | ToolRejected):
-            outcomes[e.intent_id].add(identity(e))
-            outcome_at.setdefault(e.intent_id, entry)
+            outcomes[e.resource, e.intent_id].add(identity(e))
+            outcome_at.setdefault((e.resource, e.intent_id), entry)
     last_processed = _last_processed(log, settings)
     asked: set[tuple[str, str]] = set()
-    asked_intents: set[str] = set()
+    asked_intents: set[tuple[str, str]] = set()
     stats = {"acquires": 0, "intents": 0}
     for entry in log.of(topics.resource_commands):
         c = entry.record
@@ -374,14 +374,15 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
                              + ("is still queued" if still else "got no answer"), [entry],
                              open_=still or not processed, resource=c.resource)
         elif isinstance(c, ToolIntent) and entry.key == c.resource.encode():
-            if c.intent_id in asked_intents:
+            scoped = c.resource, c.intent_id
+            if scoped in asked_intents:
                 continue
-            asked_intents.add(c.intent_id)
+            asked_intents.add(scoped)
             stats["intents"] += 1
-            answers = outcomes.get(c.intent_id, set())
+            answers = outcomes.get(scoped, set())
             if len(answers) > 1:
                 findings.add("one_outcome", f"intent {c.intent_id} got {len(answers)} different outcomes",
-                             [entry, outcome_at[c.intent_id]], resource=c.resource)
+                             [entry, outcome_at[scoped]], resource=c.resource)
             elif not answers:
                 processed = entry.offset <= last_processed.get(entry.partition, -1)
                 findings.add("one_outcome", f"intent {c.intent_id} of {c.agent_id} got no outcome", [entry],

@@ -116,13 +116,16 @@ class LocalKafka:
             shutil.rmtree(self.libs)
         self.libs.mkdir(parents=True)
         proc = subprocess.run(
-            [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies", f"-DoutputDirectory={self.libs}"],
+            [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies", f"-Darbiter.libs={self.libs}"],
             capture_output=True,
             text=True,
             check=False,
         )
         if proc.returncode != 0:
             raise LocalKafkaError("Maven could not fetch the broker's jars", (proc.stdout + proc.stderr)[-4000:])
+        if not list(self.libs.glob("kafka_*.jar")):
+            raise LocalKafkaError(f"Maven ran, but no broker jar arrived in {self.libs}",
+                                  (proc.stdout + proc.stderr)[-4000:])
         stamp.write_text(want + "\n")
 
     # -- process ---------------------------------------------------------------------

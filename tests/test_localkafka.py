@@ -120,3 +120,13 @@ def test_failed_start_prints_the_log_tail_and_exits_non_zero(own_settings: Setti
     assert "error: the Kafka broker exited" in proc.stderr
     assert "Invalid" in proc.stderr and "heap size" in proc.stderr  # the JVM's own words, from the log tail
     assert not (own_settings.home / "kafka" / "kafka.pid").exists()
+
+
+def test_the_broker_is_fetched_into_a_home_outside_the_checkout(tmp_path: Path) -> None:
+    """The jars land in <home>/kafka/libs wherever the home is (the pom once pinned them to the checkout)."""
+    settings = Settings(home=tmp_path / "elsewhere")
+    local = LocalKafka(settings)
+    local.fetch()
+    jars = sorted(p.name for p in (settings.home / "kafka" / "libs").glob("kafka_*.jar"))
+    assert jars, "no broker jar in the home's libs"
+    assert (settings.home / "kafka" / "libs" / ".pom-sha256").exists()

@@ -32,9 +32,12 @@ Rules
   waiters together, or one exclusive waiter.
 - Time: before any command is decided, holders whose ``expires_at_ms`` has passed are
   expired and waiters whose deadline has passed time out. ``LockTick`` does only that.
-- Wait-for edges: each waiter waits on every current holder (other than itself). The
-  book keeps each waiter's edge set and emits ``WaitEdgeAdded``/``WaitEdgeRemoved``
-  whenever the holders change, so the deadlock detector sees the true graph.
+- Wait-for edges: a waiter waits on the nearest waiter ahead of it that it conflicts
+  with (either of the two exclusive): that one must be granted and release first; with
+  none ahead, on the holders it conflicts with. A run of shared waiters, granted together,
+  never waits on itself. The book keeps each waiter's edge set and emits
+  ``WaitEdgeAdded``/``WaitEdgeRemoved`` for the waiters a change reaches, which a hand-off
+  keeps to O(1): the cost of a decision does not grow with the queue.
 - Idempotence: a command whose ``request_id`` was decided before (remembered in a
   bounded window, plus every live holder and waiter) produces no events at all.
 - Refusals are ``LockDenied`` events with a stable reason code and a JSON detail an
@@ -43,6 +46,9 @@ Rules
 
 from __future__ import annotations
 
+import bisect
+import copy
+import heapq
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -150,9 +156,10 @@ class Lease:
     expires_at_ms: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Waiter:
-    """A queued request and the agents it currently waits on."""
+    """A queued request and the agents it currently waits on (``blockers``, the only field that
+    changes: a book's copy copies its waiters)."""
 
     request_id: str
     agent_id: str
@@ -176,22 +183,51 @@ class LeaseBook:
     seq: int = 0
     holders: dict[int, Lease] = field(default_factory=dict)
     queue: list[Waiter] = field(default_factory=list)
+    """Waiters in grant order: higher priority first, then by arrival (``seq``)."""
     seen: dict[str, tuple[int, str]] = field(default_factory=dict)
     """Request ids decided, in decision order: id -> (when its command was sent, its agent)."""
     forgotten_sent_ms: int | None = None
     """The latest send time of an id forgotten early (over ``max_remembered_ids``): nothing sent
     at or before it is decided any more, so a forgotten id can never be decided again."""
+    # Indexes derived from ``queue`` (never serialized): each lookup the hot path needs is O(1).
+    queued: dict[str, Waiter] = field(default_factory=dict)
+    """request id -> its waiter."""
+    waiting: dict[str, Waiter] = field(default_factory=dict)
+    """agent id -> its waiter (an agent waits at most once per resource)."""
+    deadlines: list[tuple[int, int, str]] = field(default_factory=list)
+    """A heap of (wait deadline, seq, request id); entries of waiters gone are skipped lazily."""
+
+    def index(self) -> LeaseBook:
+        """Rebuild the derived indexes from ``queue``."""
+        self.queued = {w.request_id: w for w in self.queue}
+        self.waiting = {w.agent_id: w for w in self.queue}
+        self.deadlines = [(w.deadline_ms, w.seq, w.request_id) for w in self.queue]
+        heapq.heapify(self.deadlines)
+        return self
+
+    def next_wait_deadline(self) -> int | None:
+        """The earliest deadline of a waiter still queued."""
+        heap = self.deadlines
+        while heap:
+            deadline, _seq, request_id = heap[0]
+            waiter = self.queued.get(request_id)
+            if waiter is not None and waiter.deadline_ms == deadline:
+                return deadline
+            heapq.heappop(heap)  # a waiter that has left the queue
+        return None
 
     def next_deadline(self) -> int | None:
         """The earliest moment at which time alone changes this book."""
-        times = [lease.expires_at_ms for lease in self.holders.values()]
-        times.extend(w.deadline_ms for w in self.queue)
-        return min(times) if times else None
+        wait = self.next_wait_deadline()
+        expiry = min((lease.expires_at_ms for lease in self.holders.values()), default=None)
+        if wait is None or expiry is None:
+            return wait if expiry is None else expiry
+        return min(wait, expiry)
 
     def copy(self) -> LeaseBook:
-        """An independent copy (leases and waiters are immutable and shared)."""
+        """An independent copy (leases are immutable and shared; waiters are copied)."""
         return LeaseBook(self.resource, self.last_token, self.clock_ms, self.seq, dict(self.holders),
-                         list(self.queue), dict(self.seen), self.forgotten_sent_ms)
+                         [copy.copy(w) for w in self.queue], dict(self.seen), self.forgotten_sent_ms).index()
 
     def is_idle(self) -> bool:
         """No holders and no waiters (the token counter still matters)."""
@@ -231,43 +267,59 @@ class LeaseBook:
             ],
             seen={row[0]: (row[1], row[2]) for row in data["seen"] if isinstance(row, list)},
             forgotten_sent_ms=data.get("forgotten_sent_ms"),
-        )
+        ).index()
 
 
 def _view(book: LeaseBook) -> LeaseBook:
-    """A scratch copy for ``decide`` to fold into; shares the immutable leases and waiters."""
-    return LeaseBook(book.resource, book.last_token, book.clock_ms, book.seq,
-                     dict(book.holders), list(book.queue), book.seen, book.forgotten_sent_ms)
+    """A scratch copy for ``decide`` to fold into (the id memory is read, never written, there)."""
+    view = book.copy()
+    view.seen = book.seen
+    return view
 
 
 # -- evolve -----------------------------------------------------------------------
 
 
+def _unqueue(book: LeaseBook, request_id: str) -> int:
+    """Take a waiter out of the queue; its former position (-1 if it was not queued)."""
+    waiter = book.queued.pop(request_id, None)
+    if waiter is None:
+        return -1
+    book.waiting.pop(waiter.agent_id, None)
+    queue = book.queue
+    if queue[0] is waiter:  # the common case: the head is granted
+        del queue[0]
+        return 0
+    position = queue.index(waiter)  # identity (waiters compare by identity)
+    del queue[position]
+    return position
+
+
 def _apply(book: LeaseBook, event: LockEvent) -> None:
     """Fold one event into holders, queue and counters (not the dedup window)."""
     if isinstance(event, LockGranted):
-        book.queue = [w for w in book.queue if w.request_id != event.request_id]
+        _unqueue(book, event.request_id)
         book.holders[event.token] = Lease(
             event.token, event.agent_id, event.request_id, event.mode,
             event.expires_at_ms - event.decided_at_ms, event.expires_at_ms,
         )
         book.last_token = max(book.last_token, event.token)
     elif isinstance(event, WaitEdgeAdded | WaitEdgeRemoved):
-        for i, w in enumerate(book.queue):
-            if event.edge_id == _edge_id(book.resource, w, event.holder):
-                blockers = set(w.blockers)
-                if isinstance(event, WaitEdgeAdded):
-                    blockers.add(event.holder)
-                else:
-                    blockers.discard(event.holder)
-                book.queue[i] = replace(w, blockers=tuple(sorted(blockers)))
-                break
+        waiter = book.waiting.get(event.waiter)
+        if waiter is not None and event.edge_id == _edge_id(book.resource, waiter, event.holder):
+            if isinstance(event, WaitEdgeAdded):
+                if event.holder not in waiter.blockers:
+                    waiter.blockers = tuple(sorted((*waiter.blockers, event.holder)))
+            else:
+                waiter.blockers = tuple(b for b in waiter.blockers if b != event.holder)
     elif isinstance(event, LockQueued):
         book.seq += 1
         waiter = Waiter(event.request_id, event.agent_id, event.mode, event.ttl_ms, event.priority, book.seq,
                         event.wait_deadline_ms, event.decided_at_ms, event.saga_id)
-        book.queue.append(waiter)
-        book.queue.sort(key=lambda w: (-w.priority, w.seq))
+        bisect.insort_right(book.queue, waiter, key=_rank)
+        book.queued[waiter.request_id] = waiter
+        book.waiting[waiter.agent_id] = waiter
+        heapq.heappush(book.deadlines, (waiter.deadline_ms, waiter.seq, waiter.request_id))
     elif isinstance(event, LockRenewed):
         lease = book.holders[event.token]
         book.holders[event.token] = replace(
@@ -276,7 +328,12 @@ def _apply(book: LeaseBook, event: LockEvent) -> None:
     elif isinstance(event, LockReleased | LockExpired | LockRevoked):
         book.holders.pop(event.token, None)
     elif isinstance(event, LockCancelled | LockWaitTimedOut):
-        book.queue = [w for w in book.queue if w.request_id != event.request_id]
+        _unqueue(book, event.request_id)
+
+
+def _rank(waiter: Waiter) -> tuple[int, int]:
+    """A waiter's place in the queue: higher priority first, then arrival."""
+    return -waiter.priority, waiter.seq
 
 
 _ANSWERS = (LockGranted, LockQueued, LockDenied, LockRenewed, LockReleased, LockCancelled, LockRevoked)
@@ -299,17 +356,18 @@ def _stamp(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
 
 def _remember(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
     """Record the request id an event answers, and forget ids whose window has passed."""
-    sent = getattr(event, "request_sent_at_ms", None)
-    by = getattr(event, "by_request_id", None)
+    assert isinstance(event, _ANSWERS)
+    sent = event.request_sent_at_ms
+    by = event.by_request_id if isinstance(event, LockCancelled | LockRevoked) else None
     if sent is None:
         if isinstance(event, LockCancelled | LockRevoked):
             return  # a logged version-1 event: what it answered is not known
-        sent = event.decided_at_ms  # type: ignore[union-attr]  # version 1: the nearest time known
-    request_id = by or event.request_id  # type: ignore[union-attr]
+        sent = event.decided_at_ms  # version 1: the nearest time known
+    request_id = by or event.request_id
     seen = book.seen
     if request_id in seen:
         return
-    seen[request_id] = (sent, "" if by else event.agent_id)  # type: ignore[union-attr]
+    seen[request_id] = (sent, "" if by else event.agent_id)
     horizon = book.clock_ms - rules.id_window_ms
     while seen:
         first = next(iter(seen))
@@ -391,16 +449,15 @@ class _Decision:
         while True:
             lease = min((h for h in view.holders.values() if h.expires_at_ms <= now),
                         key=lambda h: (h.expires_at_ms, h.token), default=None)
-            waiter = min((w for w in view.queue if w.deadline_ms <= now),
-                         key=lambda w: (w.deadline_ms, w.seq), default=None)
+            due = view.next_wait_deadline()
+            waiter = view.queued[view.deadlines[0][2]] if due is not None and due <= now else None
             if lease is not None and (waiter is None or lease.expires_at_ms <= waiter.deadline_ms):
                 self.emit(LockExpired(
                     request_id=lease.request_id, agent_id=lease.agent_id, resource=view.resource,
                     token=lease.token, expired_at_ms=lease.expires_at_ms, decided_at_ms=now, cause=self.cause,
                 ))
             elif waiter is not None:
-                self.remove_edges(waiter)
-                self.emit(LockWaitTimedOut(
+                self.leave(waiter, LockWaitTimedOut(
                     request_id=waiter.request_id, agent_id=waiter.agent_id, resource=view.resource,
                     waited_ms=now - waiter.queued_at_ms, decided_at_ms=now, cause=self.cause,
                 ))
@@ -409,33 +466,77 @@ class _Decision:
             self.hand_off()
 
     def hand_off(self) -> None:
-        """Grant the head of the queue while it is compatible; then refresh wait edges."""
+        """Grant the head of the queue while it is compatible; then refresh the wait edges the
+        change of holders touches."""
         while self.view.queue:
             head = self.view.queue[0]
             if not self.compatible(head.mode):
                 break
             self.remove_edges(head)
             self.grant(head.request_id, head.agent_id, head.mode, head.ttl_ms, [])
-        self.refresh_edges()
+        self.refresh_from(0)
 
-    def refresh_edges(self) -> None:
-        holder_agents = sorted({h.agent_id for h in self.view.holders.values()})
-        for waiter in list(self.view.queue):
-            want = tuple(a for a in holder_agents if a != waiter.agent_id)
-            if want == waiter.blockers:
-                continue
-            for gone in sorted(set(waiter.blockers) - set(want)):
-                self.emit(WaitEdgeRemoved(
-                    edge_id=_edge_id(self.view.resource, waiter, gone), waiter=waiter.agent_id, holder=gone,
-                    source="lock", resource=self.view.resource, removed_at_ms=self.now, cause=self.cause,
-                ))
-            for new in sorted(set(want) - set(waiter.blockers)):
-                self.emit(WaitEdgeAdded(
-                    edge_id=_edge_id(self.view.resource, waiter, new), waiter=waiter.agent_id, holder=new,
-                    source="lock", resource=self.view.resource, waiter_priority=waiter.priority,
-                    waiter_registered_at_ms=waiter.queued_at_ms, saga_id=waiter.saga_id, added_at_ms=self.now,
-                    cause=self.cause,
-                ))
+    def refresh_from(self, position: int) -> None:
+        """Bring the wait-for edges of the waiters from ``position`` on up to date, stopping after the
+        first exclusive waiter: every waiter behind it waits on it or on someone behind it, so a change
+        ahead of ``position`` cannot reach them. A hand-off touches O(1) waiters, whatever the queue.
+
+        Whom a waiter waits on: the nearest waiter ahead of it that it conflicts with (either of the
+        two exclusive), which must be granted and release first; or, when there is none, the holders
+        it conflicts with. A run of shared waiters is granted together, so they never wait on each
+        other, and a cycle of these edges is a real deadlock.
+        """
+        queue, holders = self.view.queue, self.view.holders
+        # The nearest exclusive waiter ahead of ``position`` (a shared waiter's nearest conflict).
+        exclusive_ahead: Waiter | None = None
+        for earlier in range(position - 1, -1, -1):
+            if queue[earlier].mode == "exclusive":
+                exclusive_ahead = queue[earlier]
+                break
+        for index in range(position, len(queue)):
+            waiter = queue[index]
+            if waiter.mode == "exclusive" and index > 0:
+                ahead: Waiter | None = queue[index - 1]
+            else:
+                ahead = exclusive_ahead
+            if ahead is not None:
+                want: tuple[str, ...] = (ahead.agent_id,) if ahead.agent_id != waiter.agent_id else ()
+            else:
+                want = tuple(sorted({h.agent_id for h in holders.values()
+                                     if (waiter.mode == "exclusive" or h.mode == "exclusive")
+                                     and h.agent_id != waiter.agent_id}))
+            if want != waiter.blockers:
+                self.reblock(waiter, want)
+            if waiter.mode == "exclusive":
+                return
+            # (shared: the next waiter's nearest exclusive ahead is still ``exclusive_ahead``)
+
+    def reblock(self, waiter: Waiter, want: tuple[str, ...]) -> None:
+        """Emit the edge changes that make ``waiter`` wait on exactly ``want``."""
+        for gone in sorted(set(waiter.blockers) - set(want)):
+            self.emit(WaitEdgeRemoved(
+                edge_id=_edge_id(self.view.resource, waiter, gone), waiter=waiter.agent_id, holder=gone,
+                source="lock", resource=self.view.resource, removed_at_ms=self.now, cause=self.cause,
+            ))
+        for new in sorted(set(want) - set(waiter.blockers)):
+            self.emit(WaitEdgeAdded(
+                edge_id=_edge_id(self.view.resource, waiter, new), waiter=waiter.agent_id, holder=new,
+                source="lock", resource=self.view.resource, waiter_priority=waiter.priority,
+                waiter_registered_at_ms=waiter.queued_at_ms, saga_id=waiter.saga_id, added_at_ms=self.now,
+                cause=self.cause,
+            ))
+
+    def position(self, waiter: Waiter) -> int:
+        """Where ``waiter`` stands in the queue (new waiters usually at the tail)."""
+        queue = self.view.queue
+        return len(queue) - 1 if queue and queue[-1] is waiter else queue.index(waiter)
+
+    def leave(self, waiter: Waiter, event: LockCancelled | LockWaitTimedOut) -> None:
+        """Take ``waiter`` out of the queue with ``event``, and re-point whoever waited on it."""
+        position = self.position(waiter)
+        self.remove_edges(waiter)
+        self.emit(event)
+        self.refresh_from(position)
 
     def deny(self, request_id: str, agent_id: str, reason: Reason, detail: dict[str, Any]) -> None:
         diagnostic = {
@@ -518,14 +619,14 @@ def _acquire(d: _Decision, cmd: LockRequested, rules: LeaseRules) -> None:
     if any(h.agent_id == cmd.agent_id for h in view.holders.values()):
         d.deny(cmd.request_id, cmd.agent_id, Reason.ALREADY_HOLDER, {})
         return
-    if any(w.agent_id == cmd.agent_id for w in view.queue):
+    if cmd.agent_id in view.waiting:
         d.deny(cmd.request_id, cmd.agent_id, Reason.ALREADY_WAITING, {})
         return
-    ahead = sum(1 for w in view.queue if w.priority >= cmd.priority)
+    ahead = bisect.bisect_right(view.queue, -cmd.priority, key=lambda w: -w.priority)
     if ahead == 0 and d.compatible(cmd.mode):
         d.grant(cmd.request_id, cmd.agent_id, cmd.mode, cmd.ttl_ms, warnings, answers=True)
         # A granted shared request can leave lower-priority waiters blocked on one more holder.
-        d.refresh_edges()
+        d.refresh_from(0)
         return
     if cmd.wait_ms == 0:
         d.deny(cmd.request_id, cmd.agent_id, Reason.BUSY, {"you_sent": {"mode": cmd.mode, "wait_ms": 0}})
@@ -537,7 +638,9 @@ def _acquire(d: _Decision, cmd: LockRequested, rules: LeaseRules) -> None:
         blocking_agents=sorted({h.agent_id for h in view.holders.values()}),
         warnings=warnings, request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause,
     ))
-    d.refresh_edges()
+    position = d.position(view.queued[cmd.request_id])
+    d.refresh_from(position)  # the new waiter
+    d.refresh_from(position + 1)  # and those behind it that now wait on it
 
 
 def _token_problem(d: _Decision, agent_id: str, token: int) -> tuple[Reason, dict[str, Any]] | None:
@@ -572,23 +675,23 @@ def _release(d: _Decision, cmd: LockReleaseRequested) -> None:
 
 
 def _cancel(d: _Decision, cmd: LockCancelRequested) -> None:
-    waiter = next((w for w in d.view.queue
-                   if w.request_id == cmd.target_request_id and w.agent_id == cmd.agent_id), None)
-    if waiter is None:
+    waiter = d.view.queued.get(cmd.target_request_id)
+    if waiter is None or waiter.agent_id != cmd.agent_id:
         d.deny(cmd.request_id, cmd.agent_id, Reason.NOT_WAITING, {"you_sent": {"target_request_id":
                                                                           cmd.target_request_id}})
         return
-    d.remove_edges(waiter)
-    d.emit(LockCancelled(request_id=waiter.request_id, agent_id=waiter.agent_id, resource=d.view.resource,
-                         reason=Reason.CANCELLED_BY_AGENT.value, by_request_id=cmd.request_id,
-                         request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause))
+    d.leave(waiter, LockCancelled(request_id=waiter.request_id, agent_id=waiter.agent_id,
+                                  resource=d.view.resource, reason=Reason.CANCELLED_BY_AGENT.value,
+                                  by_request_id=cmd.request_id, request_sent_at_ms=d.sent, decided_at_ms=d.now,
+                                  cause=d.cause))
     d.hand_off()
 
 
 def _revoke(d: _Decision, cmd: LockRevokeRequested) -> None:
     leases = [h for h in d.view.holders.values()
               if h.agent_id == cmd.agent_id and (cmd.token is None or h.token == cmd.token)]
-    waiters = [w for w in d.view.queue if w.agent_id == cmd.agent_id] if cmd.token is None else []
+    waiting = d.view.waiting.get(cmd.agent_id)
+    waiters = [waiting] if waiting is not None and cmd.token is None else []
     if not leases and not waiters:
         d.deny(cmd.request_id, cmd.agent_id, Reason.NOTHING_TO_REVOKE, {"you_sent": {"token": cmd.token}})
         return
@@ -597,10 +700,9 @@ def _revoke(d: _Decision, cmd: LockRevokeRequested) -> None:
                            token=lease.token, reason=cmd.reason, by_request_id=cmd.request_id,
                            request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause))
     for waiter in waiters:
-        d.remove_edges(waiter)
-        d.emit(LockCancelled(request_id=waiter.request_id, agent_id=waiter.agent_id, resource=d.view.resource,
-                             reason=cmd.reason, by_request_id=cmd.request_id, request_sent_at_ms=d.sent,
-                             decided_at_ms=d.now, cause=d.cause))
+        d.leave(waiter, LockCancelled(request_id=waiter.request_id, agent_id=waiter.agent_id,
+                                      resource=d.view.resource, reason=cmd.reason, by_request_id=cmd.request_id,
+                                      request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause))
     d.hand_off()
 
 

@@ -21,6 +21,7 @@ from contract import (
     Record,
     default_codec,
 )
+from contract.clock import now_ms
 from contract.settings import Settings
 
 pytestmark = pytest.mark.kafka
@@ -86,7 +87,7 @@ async def test_revocation_reaches_the_holder_at_once(kafka_settings: Settings, w
                                          value=codec.encode(LockRevokeRequested(
                                              request_id="rv-1", resource="ticket:cust_8492", agent_id="victim",
                                              reason="operator_says_so", requested_by="operator:test",
-                                             sent_at_ms=0)))
+                                             sent_at_ms=now_ms())))
         finally:
             await producer.stop()
         assert await asyncio.wait_for(lease.wait_lost(), 10) == "revoked: operator_says_so"

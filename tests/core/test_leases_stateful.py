@@ -140,9 +140,17 @@ class LeaseBookMachine(RuleBasedStateMachine):
 
     @invariant()
     def edges_match_the_book(self) -> None:
+        """The edges sent are exactly the model's: a waiter waits on the nearest waiter ahead that it
+        conflicts with (either exclusive), else on the holders it conflicts with."""
         book = self.h.book
-        agents = {x.agent_id for x in book.holders.values()}
-        want = {f"lock|{book.resource}|{w.request_id}|{a}" for w in book.queue for a in agents if a != w.agent_id}
+        want = set()
+        for i, w in enumerate(book.queue):
+            ahead = next((a for a in reversed(book.queue[:i]) if "exclusive" in (a.mode, w.mode)), None)
+            if ahead is not None:
+                blockers = {ahead.agent_id}
+            else:
+                blockers = {h.agent_id for h in book.holders.values() if "exclusive" in (h.mode, w.mode)}
+            want |= {f"lock|{book.resource}|{w.request_id}|{a}" for a in blockers if a != w.agent_id}
         assert self.edges == want
 
     @invariant()

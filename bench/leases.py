@@ -6,11 +6,12 @@ import asyncio
 import statistics
 import time
 import uuid
+from collections.abc import Callable
 
 from aiokafka import AIOKafkaProducer
 
 from agents import ArbiterClient
-from contract import Cause, LockGranted, LockReleaseRequested, LockRequested, LockTick, default_codec
+from contract import Cause, LockGranted, LockReleaseRequested, LockRequested, default_codec
 from cores.leases import new_book, step
 
 from .env import bench_arbiter, burst
@@ -61,14 +62,13 @@ def core(seconds: float) -> None:
     cause = Cause(topic="bench", partition=0, offset=0)
     n = 20_000
     names = [f"res:{i % 1000}" for i in range(n)]
-    acquires = [LockRequested(request_id=f"a{i}", agent_id=f"agent{i % 50}", resource=names[i], mode="exclusive",
-                              ttl_ms=30_000, wait_ms=5_000, sent_at_ms=0) for i in range(n)]
     # Commands are built before the clock starts: the figure is the core's, not pydantic's.
-    # Each resource sees acquire, release, acquire, ...: its k-th grant has token k.
+    # Each resource sees acquire, release, acquire, ...: its k-th grant has token k. A command
+    # is sent at the moment it is decided (the id window refuses ones sent long before).
+    acquires = [LockRequested(request_id=f"a{i}", agent_id=f"agent{i % 50}", resource=names[i], mode="exclusive",
+                              ttl_ms=30_000, wait_ms=5_000, sent_at_ms=i) for i in range(n)]
     releases = [LockReleaseRequested(request_id=f"r{i}", agent_id=acquires[i].agent_id, resource=names[i],
-                                     token=i // 1000 + 1, sent_at_ms=0) for i in range(n)]
-    hot = [a.model_copy(update={"resource": "hot"}) for a in acquires]
-    tick = LockTick(tick_id="t", partition=0, sent_at_ms=0)
+                                     token=i // 1000 + 1, sent_at_ms=i) for i in range(n)]
 
     def run_uncontended() -> int:
         books = {name: new_book(name) for name in set(names)}
@@ -81,18 +81,33 @@ def core(seconds: float) -> None:
         assert all(book.last_token == n // 1000 and book.is_idle() for book in books.values())
         return done
 
-    def run_contended() -> int:
-        book = new_book("hot")
-        done = 0
-        for i in range(0, n, 10):  # ten agents queue, then the queue drains by expiry
-            for j in range(10):
-                step(book, hot[i + j], i, cause)
-            for k in range(10):
-                step(book, tick, i + 30_000 * (k + 1), cause)
-            done += 20
-        return done
+    def contended(waiters: int) -> Callable[[], int]:
+        """A queue of ``waiters`` on one resource; each round the holder releases (a hand-off to the
+        head) and a new agent queues at the tail, so the queue keeps its length."""
+        rounds = 2_000
 
-    for label, fn in (("uncontended acquire+release", run_uncontended), ("contended queue+handoff", run_contended)):
+        def acquire(i: int, at: int) -> LockRequested:
+            return LockRequested(request_id=f"q{i}", agent_id=f"w{i}", resource="hot", mode="exclusive",
+                                 ttl_ms=600_000, wait_ms=600_000, sent_at_ms=at)
+
+        setup = [acquire(i, 0) for i in range(waiters + 1)]
+        work = [(LockReleaseRequested(request_id=f"x{r}", agent_id=f"w{r}", resource="hot", token=r + 1,
+                                      sent_at_ms=r + 1), acquire(waiters + 1 + r, r + 1)) for r in range(rounds)]
+
+        def run() -> int:
+            book = new_book("hot")
+            for cmd in setup:
+                step(book, cmd, 0, cause)
+            for release, queue_up in work:
+                step(book, release, release.sent_at_ms, cause)
+                step(book, queue_up, queue_up.sent_at_ms, cause)
+            assert book.last_token == rounds + 1 and len(book.queue) == waiters
+            return 2 * rounds
+        return run
+
+    cases: list[tuple[str, Callable[[], int]]] = [("uncontended acquire+release", run_uncontended)]
+    cases += [(f"contended, {w} waiter{'s' if w > 1 else ''}: release+queue", contended(w)) for w in (1, 20, 100)]
+    for label, fn in cases:
         count, start = 0, time.perf_counter()
         while (elapsed := time.perf_counter() - start) < seconds:
             count += fn()

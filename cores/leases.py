@@ -52,7 +52,7 @@ import heapq
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from contract import (
     Cause,
@@ -295,40 +295,64 @@ def _unqueue(book: LeaseBook, request_id: str) -> int:
     return position
 
 
+def _granted(book: LeaseBook, event: Any) -> None:
+    _unqueue(book, event.request_id)
+    book.holders[event.token] = Lease(
+        event.token, event.agent_id, event.request_id, event.mode,
+        event.expires_at_ms - event.decided_at_ms, event.expires_at_ms,
+    )
+    if event.token > book.last_token:
+        book.last_token = event.token
+
+
+def _edge_changed(book: LeaseBook, event: Any) -> None:
+    waiter = book.waiting.get(event.waiter)
+    if waiter is not None and event.edge_id == _edge_id(book.resource, waiter, event.holder):
+        if type(event) is WaitEdgeAdded:
+            if event.holder not in waiter.blockers:
+                waiter.blockers = tuple(sorted((*waiter.blockers, event.holder)))
+        else:
+            waiter.blockers = tuple(b for b in waiter.blockers if b != event.holder)
+
+
+def _queued(book: LeaseBook, event: Any) -> None:
+    book.seq += 1
+    waiter = Waiter(event.request_id, event.agent_id, event.mode, event.ttl_ms, event.priority, book.seq,
+                    event.wait_deadline_ms, event.decided_at_ms, event.saga_id)
+    bisect.insort_right(book.queue, waiter, key=_rank)
+    book.queued[waiter.request_id] = waiter
+    book.waiting[waiter.agent_id] = waiter
+    heapq.heappush(book.deadlines, (waiter.deadline_ms, waiter.seq, waiter.request_id))
+
+
+def _renewed(book: LeaseBook, event: Any) -> None:
+    lease = book.holders[event.token]
+    book.holders[event.token] = replace(
+        lease, expires_at_ms=event.expires_at_ms, ttl_ms=event.expires_at_ms - event.decided_at_ms
+    )
+
+
+def _ended(book: LeaseBook, event: Any) -> None:
+    book.holders.pop(event.token, None)
+
+
+def _left(book: LeaseBook, event: Any) -> None:
+    _unqueue(book, event.request_id)
+
+
+_FOLD: dict[type, Callable[[LeaseBook, Any], None]] = {
+    LockGranted: _granted, WaitEdgeAdded: _edge_changed, WaitEdgeRemoved: _edge_changed, LockQueued: _queued,
+    LockRenewed: _renewed, LockReleased: _ended, LockExpired: _ended, LockRevoked: _ended,
+    LockCancelled: _left, LockWaitTimedOut: _left,
+}
+"""How each event changes holders, queue and counters (a refusal changes none of them)."""
+
+
 def _apply(book: LeaseBook, event: LockEvent) -> None:
-    """Fold one event into holders, queue and counters (not the dedup window)."""
-    if isinstance(event, LockGranted):
-        _unqueue(book, event.request_id)
-        book.holders[event.token] = Lease(
-            event.token, event.agent_id, event.request_id, event.mode,
-            event.expires_at_ms - event.decided_at_ms, event.expires_at_ms,
-        )
-        book.last_token = max(book.last_token, event.token)
-    elif isinstance(event, WaitEdgeAdded | WaitEdgeRemoved):
-        waiter = book.waiting.get(event.waiter)
-        if waiter is not None and event.edge_id == _edge_id(book.resource, waiter, event.holder):
-            if isinstance(event, WaitEdgeAdded):
-                if event.holder not in waiter.blockers:
-                    waiter.blockers = tuple(sorted((*waiter.blockers, event.holder)))
-            else:
-                waiter.blockers = tuple(b for b in waiter.blockers if b != event.holder)
-    elif isinstance(event, LockQueued):
-        book.seq += 1
-        waiter = Waiter(event.request_id, event.agent_id, event.mode, event.ttl_ms, event.priority, book.seq,
-                        event.wait_deadline_ms, event.decided_at_ms, event.saga_id)
-        bisect.insort_right(book.queue, waiter, key=_rank)
-        book.queued[waiter.request_id] = waiter
-        book.waiting[waiter.agent_id] = waiter
-        heapq.heappush(book.deadlines, (waiter.deadline_ms, waiter.seq, waiter.request_id))
-    elif isinstance(event, LockRenewed):
-        lease = book.holders[event.token]
-        book.holders[event.token] = replace(
-            lease, expires_at_ms=event.expires_at_ms, ttl_ms=event.expires_at_ms - event.decided_at_ms
-        )
-    elif isinstance(event, LockReleased | LockExpired | LockRevoked):
-        book.holders.pop(event.token, None)
-    elif isinstance(event, LockCancelled | LockWaitTimedOut):
-        _unqueue(book, event.request_id)
+    """Fold one event into holders, queue and counters (not the id memory)."""
+    fold = _FOLD.get(type(event))
+    if fold is not None:
+        fold(book, event)
 
 
 def _rank(waiter: Waiter) -> tuple[int, int]:
@@ -338,36 +362,39 @@ def _rank(waiter: Waiter) -> tuple[int, int]:
 
 _ANSWERS = (LockGranted, LockQueued, LockDenied, LockRenewed, LockReleased, LockCancelled, LockRevoked)
 """The events that can be a command's first answer (and so record its request id)."""
+_ANSWER_TYPES = frozenset(_ANSWERS)
 
 
 def _stamp(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
     """Advance the book's clock and remember the deciding request (not the holders/queue)."""
-    if isinstance(event, WaitEdgeAdded):
-        stamp = event.added_at_ms
-    elif isinstance(event, WaitEdgeRemoved):
-        stamp = event.removed_at_ms
+    kind = type(event)
+    if kind is WaitEdgeAdded:
+        stamp = event.added_at_ms  # type: ignore[union-attr]
+    elif kind is WaitEdgeRemoved:
+        stamp = event.removed_at_ms  # type: ignore[union-attr]
     else:
-        stamp = event.decided_at_ms
+        stamp = event.decided_at_ms  # type: ignore[union-attr]
     if stamp > book.clock_ms:
         book.clock_ms = stamp
-    if isinstance(event, _ANSWERS):
+    if kind in _ANSWER_TYPES:
         _remember(book, event, rules)
 
 
 def _remember(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
     """Record the request id an event answers, and forget ids whose window has passed."""
-    assert isinstance(event, _ANSWERS)
-    sent = event.request_sent_at_ms
-    by = event.by_request_id if isinstance(event, LockCancelled | LockRevoked) else None
+    answer = cast(LockCancelled, event)  # one of _ANSWERS: each has these fields but by_request_id
+    sent = answer.request_sent_at_ms
+    by_command = type(event) is LockCancelled or type(event) is LockRevoked
+    by = answer.by_request_id if by_command else None
     if sent is None:
-        if isinstance(event, LockCancelled | LockRevoked):
+        if by_command:
             return  # a logged version-1 event: what it answered is not known
-        sent = event.decided_at_ms  # version 1: the nearest time known
-    request_id = by or event.request_id
+        sent = answer.decided_at_ms  # version 1: the nearest time known
+    request_id = by or answer.request_id
     seen = book.seen
     if request_id in seen:
         return
-    seen[request_id] = (sent, "" if by else event.agent_id)
+    seen[request_id] = (sent, "" if by else answer.agent_id)
     horizon = book.clock_ms - rules.id_window_ms
     while seen:
         first = next(iter(seen))
@@ -447,8 +474,11 @@ class _Decision:
         is granted, not timed out. An expiry and a deadline at the same moment: the expiry first."""
         view, now = self.view, self.now
         while True:
-            lease = min((h for h in view.holders.values() if h.expires_at_ms <= now),
-                        key=lambda h: (h.expires_at_ms, h.token), default=None)
+            lease = None
+            for held in view.holders.values():
+                if held.expires_at_ms <= now and (lease is None or (held.expires_at_ms, held.token)
+                                                  < (lease.expires_at_ms, lease.token)):
+                    lease = held
             due = view.next_wait_deadline()
             waiter = view.queued[view.deadlines[0][2]] if due is not None and due <= now else None
             if lease is not None and (waiter is None or lease.expires_at_ms <= waiter.deadline_ms):

@@ -251,6 +251,9 @@ def test_a_forged_grant_during_a_live_lease_breaks_mutual_exclusion(recording: R
     report = _assert_caught(path, position, ("mutual_exclusion", "determinism"))
     (clash,) = _findings(report, "mutual_exclusion")
     assert "mallory" in clash["message"] and "beta" in clash["message"]
+    # The forgery is named where it is, once per rule it breaks; the real decisions after it (beta's
+    # writes with its lower token, the later grants) are judged against the real state, not the forgery.
+    assert all(position in f["where"] for f in report["findings"]), report["findings"]
 
 
 def test_a_lower_token_after_a_release_breaks_monotonic_tokens(recording: Recording, tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import socket
 import subprocess
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from arbiter.localkafka import LocalKafka, LocalKafkaError, broker_answers
+from arbiter.localkafka import POM, LocalKafka, LocalKafkaError, broker_answers
 from contract.settings import Settings, load_settings
 from runtime.topics import ensure_topics
 
@@ -33,7 +34,8 @@ def own_settings(tmp_path: Path) -> Settings:
     settings = Settings(home=tmp_path / "home", kafka_port=port, kafka_controller_port=controller,
                         bootstrap=f"127.0.0.1:{port}", partitions=1, kafka_heap="256m")
     shared = LocalKafka(load_settings()).libs
-    if (shared / ".pom-sha256").exists():
+    stamp = shared / ".pom-sha256"
+    if stamp.exists() and stamp.read_text().strip() == hashlib.sha256(POM.read_bytes()).hexdigest():
         (settings.home / "kafka").mkdir(parents=True)
         (settings.home / "kafka" / "libs").symlink_to(shared)
     return settings

@@ -82,6 +82,9 @@ class Findings:
     """Findings collected by the checks."""
 
     items: list[Finding] = field(default_factory=list)
+    forged: set[str] = field(default_factory=set)
+    """Positions of recorded decisions that no input decides: reported once (determinism) and
+    left out of the invariant checks, so one forgery does not make every later write look wrong."""
 
     def add(self, check: str, message: str, where: Iterable[Entry | str], *, open_: bool = False,
             resource: str | None = None, at_ms: int | None = None) -> None:
@@ -121,6 +124,7 @@ def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, l
             if cause is None:
                 findings.add("determinism", f"a {type(record).__name__} on a decision topic names no cause: no "
                              "processor decided it", [entry])
+                findings.forged.add(entry.where)
                 continue
             recorded[cause, topic, entry.key or b""].append(entry)
             tp = cause[0], cause[1]
@@ -155,6 +159,7 @@ def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, l
                          [source] if source else [], open_=tail, resource=resource)
             continue
         if not want:
+            findings.forged.update(e.where for e in got)
             findings.add("determinism", f"recorded {_names([e.record for e in got])} has no cause in the replay: "
                          f"its input at {position[0]}[{position[1]}]@{position[2]} decides nothing of the kind "
                          "(forged, or decided by different code)", got, resource=resource)
@@ -243,6 +248,13 @@ def check_leases_and_writes(log: Log, settings: Settings, findings: Findings) ->
     applied: dict[tuple[str, str], ToolApplied] = {}
     for entry in log.of(settings.topics.resource_events):
         event = entry.record
+        # A forgery (named by the determinism check) is checked like any decision, but not folded
+        # in: the rules it breaks are reported for it, and later real decisions are judged against
+        # the real state, not against the forgery (one forged grant once made every later write look
+        # stale).
+        forged = bool(findings.forged) and entry.where in findings.forged
+        if forged and not isinstance(event, LockGranted | ToolApplied):
+            continue
         if isinstance(event, LockGranted):
             ident = identity(event)
             if ident in seen_grants:
@@ -254,14 +266,16 @@ def check_leases_and_writes(log: Log, settings: Settings, findings: Findings) ->
             if top is not None and event.token <= top[0]:
                 findings.add("monotonic_tokens", f"token {event.token} granted to {event.agent_id} after token "
                              f"{top[0]} on {r}", [entry, top[1]], resource=r, at_ms=now)
-            if top is None or event.token > top[0]:
-                high[r] = (event.token, entry)
             live = [v for v in unended[r].values() if v.expires_at_ms > now]
             clash = [v for v in live if v.mode == "exclusive" or event.mode == "exclusive"]
             for other in clash:
                 findings.add("mutual_exclusion", f"{event.mode} grant to {event.agent_id} (token {event.token}) "
                              f"while {other.agent_id} holds a live {other.mode} lease on {r}",
                              [entry, other.entry], resource=r, at_ms=now)
+            if forged:
+                continue
+            if top is None or event.token > top[0]:
+                high[r] = (event.token, entry)
             leases[r][event.token] = unended[r][event.token] = _LeaseView(event.agent_id, event.mode,
                                                                           event.expires_at_ms, entry)
         elif isinstance(event, LockReleased | LockExpired | LockRevoked):
@@ -278,6 +292,9 @@ def check_leases_and_writes(log: Log, settings: Settings, findings: Findings) ->
         elif isinstance(event, ToolApplied):
             if applied.get((event.resource, event.intent_id)) == event:
                 continue  # redelivered copy
+            if forged:
+                _check_write(log, entry, event, leases, high, dict(version), dict(applied), findings)
+                continue
             _check_write(log, entry, event, leases, high, version, applied, findings)
             stats["writes"] += 1
         elif isinstance(event, ToolRejected):

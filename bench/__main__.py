@@ -18,7 +18,7 @@ from collections.abc import Callable
 from contract import Cause, Holder, LockGranted, default_codec
 
 from . import deadlock, gateway, leases, replay
-from .env import bench_arbiter
+from .env import bench_arbiter, key_for_partition
 
 
 def bench_codec(seconds: float) -> None:
@@ -43,7 +43,6 @@ def bench_codec(seconds: float) -> None:
 
 async def bench_roundtrip(rate: float, count: int) -> None:
     from agents import ArbiterClient
-    from arbiter.demo import key_for_partition
 
     async with bench_arbiter() as settings, ArbiterClient("bench", settings) as client:
         keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]

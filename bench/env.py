@@ -12,11 +12,19 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from agents import ArbiterClient
-from arbiter.demo import key_for_partition
 from arbiter.processes import WorkerPool, wait_until_served
 from contract import Record, default_codec
+from contract.partitioning import partition_for
 from contract.settings import Settings, Topics, load_settings
 from runtime.topics import ensure_topics
+
+
+def key_for_partition(partition: int, partitions: int, prefix: str = "bench:") -> str:
+    """A message key that Kafka's default partitioner sends to ``partition``."""
+    for i in range(100_000):
+        if partition_for(f"{prefix}{i}".encode(), partitions) == partition:
+            return f"{prefix}{i}"
+    raise RuntimeError(f"no key found for partition {partition}")
 
 
 @asynccontextmanager

@@ -73,6 +73,9 @@ class WaitGraph:
     cancelled: dict[str, None] = field(default_factory=dict)
     """Recent edges of deadlock victims: a redelivered add of one must not revive it."""
     cancelled_window: int = 4096
+    touched: set[str] = field(default_factory=set)
+    """Ids of the edges added, removed or cancelled since a store last saved the graph (so a
+    store writes what changed, not the whole graph)."""
 
     def touching(self, agent: str) -> list[Edge]:
         """Every edge into or out of ``agent``, sorted by id."""
@@ -82,11 +85,13 @@ class WaitGraph:
         """Insert an edge (idempotent by id)."""
         self.edges[edge.edge_id] = edge
         self.out.setdefault(edge.waiter, {})[edge.edge_id] = edge
+        self.touched.add(edge.edge_id)
 
     def remove(self, edge_id: str) -> None:
         """Delete an edge; unknown ids are ignored."""
         edge = self.edges.pop(edge_id, None)
         if edge is not None:
+            self.touched.add(edge_id)
             bucket = self.out.get(edge.waiter)
             if bucket is not None:
                 bucket.pop(edge_id, None)
@@ -147,7 +152,8 @@ def detect(graph: WaitGraph, added: WaitEdgeAdded, now_ms: int, cause: Cause,
         return []  # seen before: no second effect
     if added.waiter != added.holder and _path(graph, added.holder, added.waiter) is None:
         return []  # the common case: no cycle, and no copy of the graph
-    scratch = WaitGraph(dict(graph.edges), {k: dict(v) for k, v in graph.out.items()}, dict(graph.cancelled))
+    scratch = WaitGraph(dict(graph.edges), {k: dict(v) for k, v in graph.out.items()}, dict(graph.cancelled),
+                        graph.cancelled_window)
     new = _edge(graph, added, now_ms)
     scratch.add(new)
     found: list[DeadlockDetected] = []
@@ -220,5 +226,7 @@ def evolve(graph: WaitGraph, event: GraphEvent, now_ms: int | None = None) -> Wa
             graph.remove(edge_id)
             graph.cancelled[edge_id] = None
         while len(graph.cancelled) > graph.cancelled_window:
-            del graph.cancelled[next(iter(graph.cancelled))]
+            forgotten = next(iter(graph.cancelled))
+            del graph.cancelled[forgotten]
+            graph.touched.add(forgotten)
     return graph

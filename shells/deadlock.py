@@ -43,7 +43,7 @@ class RowGraphStore:
 
     Row key: graph key, NUL, edge id; value: the edge as a JSON row, or ``cancelled``.
     A graph is rebuilt from its rows on first use after a rebalance (``generation``
-    changes), then kept in memory; ``save`` writes only the rows that changed.
+    changes), then kept in memory; ``save`` writes only the rows of the edges it touched.
     """
 
     def __init__(self, rows: MutableMapping[bytes, bytes], generation: Callable[[], int | None]) -> None:
@@ -51,7 +51,6 @@ class RowGraphStore:
         self.generation = generation
         self._cache: dict[bytes, WaitGraph] = {}
         self._cached_generation: int | None = None
-        self._loaded: dict[bytes, tuple[set[str], set[str]]] = {}
 
     def get(self, key: bytes) -> WaitGraph:
         """The graph under ``key``."""
@@ -69,28 +68,27 @@ class RowGraphStore:
                         graph.cancelled[edge_id] = None
                     else:
                         graph.add(Edge.from_row(json.loads(row)))
+            graph.touched.clear()
             self._cache[key] = graph
-        self._loaded[key] = set(graph.edges), set(graph.cancelled)
         return graph
 
     def discard(self, key: bytes) -> None:
         """Forget the graph in memory; the next ``get`` rebuilds it from the rows."""
         self._cache.pop(key, None)
-        self._loaded.pop(key, None)
 
     def save(self, key: bytes, graph: WaitGraph) -> None:
-        """Write the rows of ``graph`` that changed since ``get``."""
-        edges_before, cancelled_before = self._loaded.pop(key, (set(), set()))
+        """Write the rows of the edges ``graph`` touched since it was last saved."""
         prefix = key + b"\x00"
-        for edge_id in edges_before - graph.edges.keys():
-            self.rows.pop(prefix + edge_id.encode(), None)
-        for edge_id in graph.edges.keys() - edges_before:
-            self.rows[prefix + edge_id.encode()] = json.dumps(graph.edges[edge_id].to_row()).encode()
-        for edge_id in graph.cancelled.keys() - cancelled_before:
-            self.rows[prefix + edge_id.encode()] = b"cancelled"
-        for edge_id in cancelled_before - graph.cancelled.keys():
-            if edge_id not in graph.edges:
-                self.rows.pop(prefix + edge_id.encode(), None)
+        for edge_id in sorted(graph.touched):
+            row_key = prefix + edge_id.encode()
+            edge = graph.edges.get(edge_id)
+            if edge is not None:
+                self.rows[row_key] = json.dumps(edge.to_row()).encode()
+            elif edge_id in graph.cancelled:
+                self.rows[row_key] = b"cancelled"
+            else:
+                self.rows.pop(row_key, None)
+        graph.touched.clear()
 
 
 @dataclass
@@ -105,6 +103,7 @@ class DictGraphStore:
 
     def save(self, key: bytes, graph: WaitGraph) -> None:
         """Nothing to write: the graph was changed in place."""
+        graph.touched.clear()
 
     def discard(self, key: bytes) -> None:
         """Nothing to rebuild from: the graph stays as the failed input left it (a replay reports what follows)."""

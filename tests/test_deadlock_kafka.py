@@ -103,16 +103,23 @@ async def test_ring_of_sagas_victim_is_compensated_and_the_others_finish(bootstr
             tasks = [asyncio.create_task(agent(c, names[(i + 1) % 4], go)) for i, c in enumerate(clients)]
             go.set()
             await asyncio.wait_for(asyncio.gather(*tasks), 90)
-        assert results["documentation"].startswith("COMPENSATED: Circular dependency detected with routing")
-        assert all(results[n] == "COMPLETED" for n in names[:3]), results
-        refunds = {r["account"]: r for r in ledger.refunds()}
-        assert refunds["documentation"]["reversed_by"], "the victim's step was compensated"
-        assert all(refunds[n]["reversed_by"] is None for n in names[:3])
-        balances = ledger.balances()
-        assert balances["documentation"] == 1_000 and all(balances[n] == 900 for n in names[:3])
-        assert ledger.invariants()["ok"]
+        # The victim is the youngest on the ring: the agent whose delegation the broker appended last
+        # (agents' own clocks do not count).
         (detection,) = [r for _o, r in await _read_edge_log(settings) if isinstance(r, DeadlockDetected)]
-        assert detection.saga_id and detection.saga_id.startswith("saga:documentation-task:")
+        victim = detection.victim
+        delegations = [r for _o, r in await _read_edge_log(settings)
+                       if isinstance(r, WaitEdgeAdded) and r.source == "delegation"]
+        assert victim == delegations[-1].waiter
+        successor = names[(names.index(victim) + 1) % 4]
+        assert results[victim].startswith(f"COMPENSATED: Circular dependency detected with {successor}"), results
+        assert all(results[n] == "COMPLETED" for n in names if n != victim), results
+        refunds = {r["account"]: r for r in ledger.refunds()}
+        assert refunds[victim]["reversed_by"], "the victim's step was compensated"
+        assert all(refunds[n]["reversed_by"] is None for n in names if n != victim)
+        balances = ledger.balances()
+        assert balances[victim] == 1_000 and all(balances[n] == 900 for n in names if n != victim)
+        assert ledger.invariants()["ok"]
+        assert detection.saga_id and detection.saga_id.startswith(f"saga:{victim}-task:")
         from arbiter.audit.log import read_log
         from contract.partitioning import partition_for
 

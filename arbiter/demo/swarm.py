@@ -38,7 +38,7 @@ from tools.registry import ToolRegistry
 
 STORIES = ("refunds", "slow", "ring", "document")
 RING = ("routing", "refactoring", "testing", "documentation")
-"""The delegation ring, in connection order: documentation is the youngest."""
+"""The delegation ring. Its victim is the youngest: whose delegation the broker appends last."""
 
 
 @dataclass
@@ -404,7 +404,7 @@ async def run_swarm(plan: Plan, workspace: Callable[[str], Awaitable[Workspace]]
     if "slow" in plan.stories:
         work += [_vip(plan, workspace, tally, i) for i in range(plan.slow_agents)]
     if "ring" in plan.stories:
-        ring = [await workspace(name) for name in RING]  # connected in order: documentation is the youngest
+        ring = [await workspace(name) for name in RING]
         released = asyncio.Event()
         work += [ring_agent(ws, plan, tally, ws.agent_id, RING[(i + 1) % len(RING)], plan.think_s() / 4, released)
                  for i, ws in enumerate(ring)]

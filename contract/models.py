@@ -461,7 +461,7 @@ class Compensated(Record):
 
 
 class SagaFinished(Record):
-    """A saga ended: COMPLETED, COMPENSATED, or COMPENSATION_FAILED (a compensation failed for good; a human must act)."""
+    """A saga ended: COMPLETED, COMPENSATED, or COMPENSATION_FAILED (a human must act)."""
 
     AVRO_NAME: ClassVar[str] = "arbiter.saga.SagaFinished"
 

@@ -122,7 +122,7 @@ class Settings(BaseSettings):
     clock_skew_ms: int = Field(default=60_000, ge=0)
     """How far ahead of the broker's clock a sender's may be (``clock_skew`` beyond)."""
 
-    max_remembered_ids: int = Field(default=1024, ge=16)
+    max_remembered_ids: int = Field(default=256, ge=16)
     """Per resource, the most request ids (and intent outcomes) remembered. On a resource
     busier than this within the window the oldest are forgotten early and the window shrinks
     with them (nothing sent before a forgotten id is decided any more)."""

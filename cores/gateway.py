@@ -62,7 +62,7 @@ class GatewayRules:
     """An intent is refused (``request_expired``) once this long has passed since it was sent."""
     clock_skew_ms: int = 60_000
     """How far ahead of the broker a sender's clock may be (``clock_skew`` beyond)."""
-    max_remembered_ids: int = 1024
+    max_remembered_ids: int = 256
     """Per resource. Past it the oldest outcomes are forgotten early, and the window shrinks with them."""
     require_exclusive: bool = True
     """Pessimistic writes need an exclusive lease; a shared lease is for reading."""

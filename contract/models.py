@@ -17,7 +17,7 @@ Models are frozen: an event, once decided, is a fact.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -528,3 +528,37 @@ MODELS: tuple[type[Record], ...] = tuple(
     if isinstance(cls, type) and issubclass(cls, Record) and cls is not Record
 )
 """Every top-level message model, in definition order."""
+
+
+_new = object.__new__
+_set_dict = object.__setattr__
+_SLOTS = BaseModel.__dict__
+_set_fields_set = _SLOTS["__pydantic_fields_set__"].__set__
+_set_extra = _SLOTS["__pydantic_extra__"].__set__
+_set_private = _SLOTS["__pydantic_private__"].__set__
+_DEFAULTS: dict[type[BaseModel], dict[str, Any]] = {}
+
+R = TypeVar("R", bound=BaseModel)
+
+
+def trusted(cls: type[R], **values: Any) -> R:
+    """A record built from values its caller guarantees fit the schema, without validation.
+
+    For the pure cores' hot path only: they build decisions from records that were validated
+    when decoded, and validation cost ~3 us of each decision's ~10. The result equals the
+    validated record (``tests/test_contract.py`` checks every model); anything built from
+    outside input must use the model's constructor.
+    """
+    template = _DEFAULTS.get(cls)
+    if template is None:
+        # Every field in the schema's order (serializers follow the dict's order), required ones unset.
+        template = _DEFAULTS[cls] = {name: None if field.is_required() else field.default
+                                     for name, field in cls.model_fields.items()}
+    fields = template.copy()
+    fields.update(values)
+    record = _new(cls)
+    _set_dict(record, "__dict__", fields)
+    _set_fields_set(record, set(values))
+    _set_extra(record, None)
+    _set_private(record, None)
+    return record

@@ -75,6 +75,7 @@ from contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
+from contract.models import trusted
 from contract.reasons import Reason, what_to_do
 
 from .fencing import token_problem
@@ -440,7 +441,7 @@ class _Decision:
     # -- pieces shared by several commands --
 
     def holders_list(self) -> list[Holder]:
-        return [Holder(agent_id=h.agent_id, request_id=h.request_id, token=h.token, mode=h.mode,
+        return [trusted(Holder, agent_id=h.agent_id, request_id=h.request_id, token=h.token, mode=h.mode,
                        expires_at_ms=h.expires_at_ms) for h in self.view.holders.values()]
 
     def compatible(self, mode: str) -> bool:
@@ -453,8 +454,8 @@ class _Decision:
               answers: bool = False) -> None:
         token = self.view.last_token + 1
         expires = self.now + ttl_ms
-        mine = Holder(agent_id=agent_id, request_id=request_id, token=token, mode=mode, expires_at_ms=expires)
-        self.emit(LockGranted(
+        mine = trusted(Holder, agent_id=agent_id, request_id=request_id, token=token, mode=mode, expires_at_ms=expires)
+        self.emit(trusted(LockGranted,
             request_id=request_id, agent_id=agent_id, resource=self.view.resource, token=token, mode=mode,
             expires_at_ms=expires, holders=[*self.holders_list(), mine], resource_version=self.version,
             warnings=warnings, request_sent_at_ms=self.sent if answers else None, decided_at_ms=self.now,
@@ -463,7 +464,7 @@ class _Decision:
 
     def remove_edges(self, waiter: Waiter) -> None:
         for holder in waiter.blockers:
-            self.emit(WaitEdgeRemoved(
+            self.emit(trusted(WaitEdgeRemoved,
                 edge_id=_edge_id(self.view.resource, waiter, holder), waiter=waiter.agent_id, holder=holder,
                 source="lock", resource=self.view.resource, removed_at_ms=self.now, cause=self.cause,
             ))
@@ -482,12 +483,12 @@ class _Decision:
             due = view.next_wait_deadline()
             waiter = view.queued[view.deadlines[0][2]] if due is not None and due <= now else None
             if lease is not None and (waiter is None or lease.expires_at_ms <= waiter.deadline_ms):
-                self.emit(LockExpired(
+                self.emit(trusted(LockExpired,
                     request_id=lease.request_id, agent_id=lease.agent_id, resource=view.resource,
                     token=lease.token, expired_at_ms=lease.expires_at_ms, decided_at_ms=now, cause=self.cause,
                 ))
             elif waiter is not None:
-                self.leave(waiter, LockWaitTimedOut(
+                self.leave(waiter, trusted(LockWaitTimedOut,
                     request_id=waiter.request_id, agent_id=waiter.agent_id, resource=view.resource,
                     waited_ms=now - waiter.queued_at_ms, decided_at_ms=now, cause=self.cause,
                 ))
@@ -544,12 +545,12 @@ class _Decision:
     def reblock(self, waiter: Waiter, want: tuple[str, ...]) -> None:
         """Emit the edge changes that make ``waiter`` wait on exactly ``want``."""
         for gone in sorted(set(waiter.blockers) - set(want)):
-            self.emit(WaitEdgeRemoved(
+            self.emit(trusted(WaitEdgeRemoved,
                 edge_id=_edge_id(self.view.resource, waiter, gone), waiter=waiter.agent_id, holder=gone,
                 source="lock", resource=self.view.resource, removed_at_ms=self.now, cause=self.cause,
             ))
         for new in sorted(set(want) - set(waiter.blockers)):
-            self.emit(WaitEdgeAdded(
+            self.emit(trusted(WaitEdgeAdded,
                 edge_id=_edge_id(self.view.resource, waiter, new), waiter=waiter.agent_id, holder=new,
                 source="lock", resource=self.view.resource, waiter_priority=waiter.priority,
                 waiter_registered_at_ms=waiter.queued_at_ms, saga_id=waiter.saga_id, added_at_ms=self.now,
@@ -581,7 +582,7 @@ class _Decision:
             },
             "what_to_do": what_to_do(reason),
         }
-        self.emit(LockDenied(
+        self.emit(trusted(LockDenied,
             request_id=request_id, agent_id=agent_id, resource=self.view.resource, reason=reason.value,
             detail=json.dumps(diagnostic, sort_keys=True), request_sent_at_ms=self.sent, decided_at_ms=self.now,
             cause=self.cause,
@@ -661,7 +662,7 @@ def _acquire(d: _Decision, cmd: LockRequested, rules: LeaseRules) -> None:
     if cmd.wait_ms == 0:
         d.deny(cmd.request_id, cmd.agent_id, Reason.BUSY, {"you_sent": {"mode": cmd.mode, "wait_ms": 0}})
         return
-    d.emit(LockQueued(
+    d.emit(trusted(LockQueued,
         request_id=cmd.request_id, agent_id=cmd.agent_id, resource=view.resource, mode=cmd.mode,
         ttl_ms=cmd.ttl_ms, saga_id=cmd.saga_id, position=ahead + 1, priority=cmd.priority,
         wait_deadline_ms=d.now + cmd.wait_ms,
@@ -689,7 +690,7 @@ def _renew(d: _Decision, cmd: LockRenewRequested, rules: LeaseRules) -> None:
         d.deny(cmd.request_id, cmd.agent_id, Reason.INVALID_TTL, {"you_sent": {"ttl_ms": ttl},
                                                              "max_ttl_ms": rules.max_ttl_ms})
         return
-    d.emit(LockRenewed(request_id=cmd.request_id, agent_id=cmd.agent_id, resource=d.view.resource,
+    d.emit(trusted(LockRenewed, request_id=cmd.request_id, agent_id=cmd.agent_id, resource=d.view.resource,
                        token=cmd.token, expires_at_ms=d.now + ttl, request_sent_at_ms=d.sent, decided_at_ms=d.now,
                        cause=d.cause))
 
@@ -699,7 +700,7 @@ def _release(d: _Decision, cmd: LockReleaseRequested) -> None:
     if problem:
         d.deny(cmd.request_id, cmd.agent_id, *problem)
         return
-    d.emit(LockReleased(request_id=cmd.request_id, agent_id=cmd.agent_id, resource=d.view.resource,
+    d.emit(trusted(LockReleased, request_id=cmd.request_id, agent_id=cmd.agent_id, resource=d.view.resource,
                         token=cmd.token, request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause))
     d.hand_off()
 
@@ -710,7 +711,7 @@ def _cancel(d: _Decision, cmd: LockCancelRequested) -> None:
         d.deny(cmd.request_id, cmd.agent_id, Reason.NOT_WAITING, {"you_sent": {"target_request_id":
                                                                           cmd.target_request_id}})
         return
-    d.leave(waiter, LockCancelled(request_id=waiter.request_id, agent_id=waiter.agent_id,
+    d.leave(waiter, trusted(LockCancelled, request_id=waiter.request_id, agent_id=waiter.agent_id,
                                   resource=d.view.resource, reason=Reason.CANCELLED_BY_AGENT.value,
                                   by_request_id=cmd.request_id, request_sent_at_ms=d.sent, decided_at_ms=d.now,
                                   cause=d.cause))
@@ -726,11 +727,11 @@ def _revoke(d: _Decision, cmd: LockRevokeRequested) -> None:
         d.deny(cmd.request_id, cmd.agent_id, Reason.NOTHING_TO_REVOKE, {"you_sent": {"token": cmd.token}})
         return
     for lease in leases:
-        d.emit(LockRevoked(request_id=lease.request_id, agent_id=lease.agent_id, resource=d.view.resource,
+        d.emit(trusted(LockRevoked, request_id=lease.request_id, agent_id=lease.agent_id, resource=d.view.resource,
                            token=lease.token, reason=cmd.reason, by_request_id=cmd.request_id,
                            request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause))
     for waiter in waiters:
-        d.leave(waiter, LockCancelled(request_id=waiter.request_id, agent_id=waiter.agent_id,
+        d.leave(waiter, trusted(LockCancelled, request_id=waiter.request_id, agent_id=waiter.agent_id,
                                       resource=d.view.resource, reason=cmd.reason, by_request_id=cmd.request_id,
                                       request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause))
     d.hand_off()

@@ -15,12 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from contract import MODELS, Codec, ContractError, LockRequested, Ping, Pong, default_codec
+from contract import MODELS, Codec, ContractError, LockRequested, Ping, Pong, Record, default_codec
 from contract.codec import HEADER_SIZE, SCHEMA_DIR
 
 from .avro_strategies import for_record
 
 SCHEMA_FILES = sorted(p for p in SCHEMA_DIR.rglob("*.avsc") if "history" not in p.relative_to(SCHEMA_DIR).parts)
+_SCHEMAS_BY_NAME = {raw["namespace"] + "." + raw["name"]: raw
+                    for raw in (json.loads(p.read_text()) for p in SCHEMA_FILES)}
 RAW = {p: json.loads(p.read_text()) for p in SCHEMA_FILES}
 BY_NAME = {f"{raw['namespace']}.{raw['name']}": raw for raw in RAW.values()}
 MODEL_BY_NAME = {m.AVRO_NAME: m for m in MODELS}
@@ -258,3 +260,19 @@ def test_codec_refuses_a_schema_without_a_model(tmp_path: Path) -> None:
         {"type": "record", "name": "Stray", "namespace": "arbiter.system", "fields": []}))
     with pytest.raises(ValueError, match="no model"):
         Codec(tmp_path / "schemas")
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m.AVRO_NAME)
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_a_trusted_record_equals_the_validated_one(model: type[Record], data: st.DataObject) -> None:
+    """``trusted`` (the cores' unvalidated constructor) builds exactly what validation builds."""
+    from contract.models import trusted
+
+    validated = model.model_validate(data.draw(for_record(_SCHEMAS_BY_NAME[model.AVRO_NAME])))
+    fields = {name: getattr(validated, name) for name in model.model_fields}
+    built = trusted(model, **dict(reversed(fields.items())))  # in any order
+    assert built == validated and validated == built
+    assert list(built.__dict__) == list(validated.__dict__), "the fields' order (serializers follow it)"
+    assert built.model_dump() == validated.model_dump()
+    assert default_codec().encode(built) == default_codec().encode(validated)

@@ -310,3 +310,32 @@ def test_every_event_names_its_cause() -> None:
     h.acquire("alpha", 0)
     events = h.acquire("beta", 1, wait=100)
     assert {e.cause.offset for e in events if e.cause is not None} == {1}
+
+
+def test_a_tick_decides_in_time_order_a_waiter_due_after_the_expiry_is_granted() -> None:
+    """Holder expires at 1,000; the waiter's deadline is 1,500. A tick at 2,000 must expire the holder
+    first (at 1,000 the waiter was still waiting) and hand the lease on, not time the waiter out."""
+    h = Harness()
+    h.acquire("holder", 0, ttl=1_000)
+    h.acquire("waiter", 0, wait=1_500)
+    events = h.tick(2_000)
+    assert [type(e).__name__ for e in events if not isinstance(e, WaitEdgeAdded | WaitEdgeRemoved)] == \
+        ["LockExpired", "LockGranted"]
+    assert only(events, LockGranted)[0].agent_id == "waiter"
+
+
+def test_another_agents_request_id_is_refused_not_ignored() -> None:
+    h = Harness()
+    h.acquire("alice", 0, request_id="same-id")
+    (refused,) = h.acquire("mallory", 1, request_id="same-id")
+    assert isinstance(refused, LockDenied) and refused.reason == "request_id_taken"
+    assert h.acquire("alice", 2, request_id="same-id") == [], "the owner's repeat has no second effect"
+
+
+def test_a_grant_handed_on_by_a_tick_reports_the_current_version() -> None:
+    h = Harness()
+    h.acquire("holder", 0, ttl=1_000)
+    h.acquire("waiter", 0, wait=5_000)
+    events = step(h.book, LockTick(tick_id="t", partition=0, sent_at_ms=0), 2_000,
+                  Cause(topic="cmds", partition=0, offset=99), h.rules, version=7)
+    assert only(events, LockGranted)[0].resource_version == 7

@@ -7,6 +7,7 @@ import uuid
 
 from agents import ArbiterClient
 from contract import Cause, LockRequested, ToolIntent, ToolRejected, default_codec
+from contract.clock import now_ms
 from cores.gateway import Accepted, ContentState, GatewayRules, check
 from cores.leases import new_book, step
 
@@ -58,9 +59,10 @@ async def check_throughput(total: int) -> None:
     codec = default_codec()
     async with bench_arbiter() as settings:
         run = uuid.uuid4().hex[:6]
+        sent = now_ms()  # (within the id window: an old send time is refused request_expired)
         payloads = [(f"account:{run}-{i % 1000}".encode(), codec.encode(ToolIntent(
             intent_id=f"{run}-{i}", agent_id="zombie", resource=f"account:{run}-{i % 1000}", token=1,
-            base_version=0, tool="refund", arguments_json='{"order_id": "o", "amount": 1}', sent_at_ms=0)))
+            base_version=0, tool="refund", arguments_json='{"order_id": "o", "amount": 1}', sent_at_ms=sent)))
             for i in range(total)]
         _produced, elapsed = await burst(settings, payloads, ToolRejected)
         print(f"gateway checks, one worker, burst of {total} intents: {total / elapsed:>8,.0f} checks/s")

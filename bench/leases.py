@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaProducer
 
 from agents import ArbiterClient
 from contract import Cause, LockGranted, LockReleaseRequested, LockRequested, default_codec
+from contract.clock import now_ms
 from cores.leases import new_book, step
 
 from .env import bench_arbiter, burst
@@ -157,9 +158,10 @@ async def grant_throughput(total: int) -> None:
     codec = default_codec()
     async with bench_arbiter() as settings:
         run = uuid.uuid4().hex[:6]
+        sent = now_ms()  # (within the id window: an old send time is refused request_expired)
         payloads = [(f"burst:{run}:{i}".encode(), codec.encode(LockRequested(
             request_id=f"{run}-{i}", agent_id=f"agent-{i % 100}", resource=f"burst:{run}:{i}", mode="exclusive",
-            ttl_ms=60_000, sent_at_ms=0))) for i in range(total)]
+            ttl_ms=60_000, sent_at_ms=sent))) for i in range(total)]
         produced, elapsed = await burst(settings, payloads, LockGranted)
         print(f"grant throughput, one worker, {total} acquires: {total / elapsed:>8,.0f} grants/s "
               f"(produced in {produced:.2f} s, all granted after {elapsed:.2f} s)")

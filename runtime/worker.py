@@ -19,6 +19,7 @@ import traceback
 from typing import Any, cast
 
 import faust
+from aiokafka import AIOKafkaProducer
 from faust.serializers import codecs
 
 from contract import Cause, ContractError, LockTick, Record, ToolIntent, WorkerStarted, default_codec
@@ -30,6 +31,7 @@ from shells import RowGraphStore, Rules, ToolRunner, build_shells
 from shells.deadletter import dead_letter
 from shells.resource import book_from_bytes, book_to_bytes, content_from_bytes, content_to_bytes
 
+from .deferred import DeferredTable
 from .transport import GapGuard, Transport
 
 RESOURCE_PROCESSOR = "resource"
@@ -196,24 +198,28 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
     def generation() -> int | None:
         return cast(int | None, app.consumer_generation_id)
 
-    stores: dict[str, Any] = {
+    tables = {
         "books": raw_key_table(app, "leases", "arbiter-leasebook", settings.partitions),
         "contents": raw_key_table(app, "contents", "arbiter-content", settings.partitions),
         # One small changelog entry per edge (not the whole graph per write): the graph is
         # rebuilt in memory from the table after a rebalance.
-        "graphs": RowGraphStore(raw_key_table(app, "waitedges", "raw", settings.partitions), generation),
+        "graphs": raw_key_table(app, "waitedges", "raw", settings.partitions),
         "sagas": raw_key_table(app, "sagas", "arbiter-saga", settings.partitions),
     }
     runner = tools or default_tools(settings)
 
-    def shells_sending_to(outbox: list[tuple[str, bytes, Record]]) -> Any:
-        """The shells over the shared tables, each output held in ``outbox`` until its input is done."""
+    def shells_holding(outbox: list[tuple[str, bytes, Record]], writes: list[DeferredTable]) -> Any:
+        """The shells over ``writes`` (deferred views of the tables), each output held in ``outbox``:
+        both wait until the input is done."""
         async def hold(topic: str, key: bytes, record: Record) -> None:
             outbox.append((topic, key, record))
 
+        views = {name: DeferredTable(table) for name, table in tables.items()}
+        writes.extend(views.values())
         return build_shells(
-            rules, topics, settings.partitions, **stores, tools=runner, send=hold, worker_id=me,
-            generation=generation, after_tool=failpoint(settings),
+            rules, topics, settings.partitions, books=views["books"], contents=views["contents"],
+            graphs=RowGraphStore(views["graphs"], generation), sagas=views["sagas"], tools=runner, send=hold,
+            worker_id=me, generation=generation, after_tool=failpoint(settings),
             on_detection=lambda d: app.log.warning("deadlock %s: victim %s, cycle %s", d.detection_id, d.victim,
                                                    " -> ".join(d.cycle)),
         )
@@ -231,7 +237,8 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
     def processor(name: str, topic_name: str) -> None:
         """Register a thin processor: decode (dead-lettering what does not), then the topic's shell."""
         outbox: list[tuple[str, bytes, Record]] = []
-        shell = shells_sending_to(outbox).for_topic(topic_name)
+        writes: list[DeferredTable] = []
+        shell = shells_holding(outbox, writes).for_topic(topic_name)
         assert shell is not None
 
         async def run(stream: Any) -> None:
@@ -256,16 +263,21 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
                     problem = await shell.handle(event.key, record, at_ms, cause)
                 except Exception:
                     # A bug, not bad input. Quarantine the input: nothing it caused has been sent
-                    # (outputs wait in the outbox) and the shells wrote no state (copy on write),
-                    # so dropping both leaves no half-applied decision; the offset moves on, so
-                    # it is never retried into a crash loop.
+                    # (outputs wait in the outbox) or stored (table writes wait too, and the
+                    # shells change state copy-on-write), so dropping both leaves no half-applied
+                    # decision; the offset moves on, so it is never retried into a crash loop.
                     app.log.exception("%s processor failed on %s[%d]@%d; quarantined", name, msg.topic,
                                       msg.partition, msg.offset)
                     outbox.clear()
+                    for view in writes:
+                        view.discard()
                     problem = ContractError(Reason.PROCESSOR_FAILED, traceback.format_exc(limit=8)[-1800:])
+                # The decisions first, then the state that follows from them (README "Crash safety").
                 for topic, key, output in outbox:
                     await send(topic, key, output)
                 outbox.clear()
+                for view in writes:
+                    view.commit()
                 if problem is not None:
                     await reject(event, cause, problem, name)
 
@@ -306,16 +318,24 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
             restart_worker()
 
     tick_ids = itertools.count()
+    tick_producer: list[AIOKafkaProducer] = []
 
     @app.timer(interval=settings.tick_interval_ms / 1000.0, on_leader=False)  # type: ignore[untyped-decorator]
     async def tick_owned_partitions() -> None:
         # One tick per partition this worker owns: expiry decisions go through the log.
-        # Sent with the plain producer, never inside a transaction: under exactly_once a tick in a
-        # transaction waits for the next offset commit, and an idle worker has none to make.
+        # Sent by a producer of its own, never inside a transaction: under exactly_once faust puts
+        # every write to a topic the worker consumes into that partition's transaction, which
+        # commits only with consumed offsets, and an idle worker has none to commit.
         owned = sorted(tp.partition for tp in app.consumer.assignment() if tp.topic == topics.resource_commands)
-        producer = await app.maybe_start_producer()
+        if not owned:
+            return
+        if not tick_producer:
+            producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all", linger_ms=0)
+            await producer.start()
+            tick_producer.append(producer)
         for partition in owned:
             tick = LockTick(tick_id=f"{me}:{partition}:{next(tick_ids)}", partition=partition, sent_at_ms=now_ms())
-            await producer.send(topics.resource_commands, TICK_KEY, codec.encode(tick), partition, None, None)
+            await tick_producer[0].send(topics.resource_commands, codec.encode(tick), key=TICK_KEY,
+                                        partition=partition)
 
     return app

@@ -2,11 +2,13 @@
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY arbiter ./arbiter
-COPY streams ./streams
-COPY agents ./agents
-COPY schemas ./schemas
+COPY contract ./contract
+COPY cores ./cores
+COPY shells ./shells
 COPY tools ./tools
+COPY runtime ./runtime
+COPY agents ./agents
+COPY arbiter ./arbiter
 COPY broker ./broker
 RUN pip install --no-cache-dir .
 USER nobody

@@ -63,6 +63,12 @@ def test_worker_scales() -> None:
 
 
 def test_image_installs_everything_the_worker_imports() -> None:
+    """Every package the wheel ships (pyproject.toml says which), and the broker's pom, are copied in."""
+    import tomllib
+
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"][
+        "packages"]
     dockerfile = (REPO / "Dockerfile").read_text()
-    for folder in ("arbiter", "streams", "agents", "schemas", "tools", "broker"):
-        assert f"COPY {folder} ./{folder}" in dockerfile
+    for folder in (*packages, "broker"):
+        assert (REPO / folder).is_dir(), folder
+        assert f"COPY {folder} ./{folder}" in dockerfile, folder

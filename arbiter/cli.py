@@ -48,13 +48,23 @@ def _local(ctx: click.Context) -> LocalKafka:
 
 @kafka.command("up")
 @click.option("--timeout", default=90.0, show_default=True, help="Seconds to wait for the broker to answer.")
+@click.option("--secure/--plain", default=None,
+              help="--secure: clients must log in (SASL/SCRAM-SHA-512) and ACLs confine each principal "
+                   "(arbiter-admin, arbiter-worker, arbiter-agent; passwords in <home>/secure/credentials.json). "
+                   "--plain: no authentication. Default: the mode the broker's data was made in (plain when new). "
+                   "Switching mode needs 'arbiter kafka reset' first.")
 @click.pass_context
-def kafka_up(ctx: click.Context, timeout: float) -> None:
+def kafka_up(ctx: click.Context, timeout: float, secure: bool | None) -> None:
     """Start the local broker (fetches it the first time; harmless when it runs)."""
+    local = _local(ctx)
     try:
-        click.echo(f"kafka: {_local(ctx).up(timeout)}")
+        click.echo(f"kafka: {local.up(timeout, secure=secure)}")
     except LocalKafkaError as exc:
         fail(str(exc), exc.log_tail)
+    if local.mode() == "secure":
+        click.echo("kafka: clients connect with ARBITER_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT, "
+                   "ARBITER_KAFKA_USERNAME=<principal> and ARBITER_KAFKA_PASSWORD=<its password from "
+                   f"{local.credentials_file}>")
 
 
 @kafka.command("down")

@@ -135,7 +135,7 @@ class ArbiterClient:
             self._deadlock_seen.set()
             for running in list(self._sagas.values()):
                 # A deadlock victim aborts its subtask: compensation starts at once.
-                self._background(running.abort("deadlock_victim", requested_by="deadlock-detector"))
+                self._background(running.abort("deadlock_victim"))
             return
         key: str | None
         if isinstance(record, Pong):
@@ -314,7 +314,7 @@ class ArbiterClient:
         the completed steps) and is re-raised once the saga is ``COMPENSATED``. If the
         agent was chosen as a deadlock victim meanwhile, leaving raises ``SagaAborted``.
         """
-        saga = Saga(self, f"saga:{name}:{_new_id()}", self._send_saga)
+        saga = Saga(self, f"saga:{self.agent_id}/{name}:{_new_id()}", self._send_saga)
         finished: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
 
         def route(record: Record) -> None:

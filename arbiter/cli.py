@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 
 import click
 
+from agents.identities import ensure_identity
+from contract.identity import IdentityError
 from runtime.topics import TopicError, ensure_topics
 
 from .console import fail, say, settings_of
@@ -135,6 +137,10 @@ def worker(ctx: click.Context, loglevel: str) -> None:
 
     from runtime.worker import create_app
 
+    from .identitycli import ensure_worker_identity
+
+    ensure_worker_identity(settings)
+
     app = create_app(settings)
     faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
 
@@ -154,6 +160,7 @@ def ping(ctx: click.Context, count: int, timeout: float) -> None:
 
     async def run() -> list[float]:
         rtts = []
+        await ensure_identity(settings, "arbiter-cli")  # the operator's own probe identity (admin key: first use)
         async with ArbiterClient("arbiter-cli", settings) as client:
             for i in range(count):
                 result = await client.ping(key=f"ping:{i}", timeout=timeout)
@@ -164,6 +171,8 @@ def ping(ctx: click.Context, count: int, timeout: float) -> None:
     try:
         rtts = asyncio.run(run())
     except ArbiterTimeout as exc:
+        fail(str(exc))
+    except IdentityError as exc:
         fail(str(exc))
     if rtts:
         click.echo(f"{len(rtts)} round trips: median {statistics.median(rtts):.1f} ms, max {max(rtts):.1f} ms")
@@ -192,6 +201,8 @@ def _lock_call(ctx: click.Context, agent: str, work: Callable[[Any], Any]) -> No
 
     try:
         result = asyncio.run(run())
+    except IdentityError as exc:
+        fail(str(exc), "Each agent signs its commands with its own key: 'arbiter agents add NAME' issues one.")
     except LeaseDenied as exc:
         click.echo(json.dumps(exc.diagnostic, sort_keys=True))
         sys.exit(1)
@@ -264,6 +275,24 @@ def lock_release(ctx: click.Context, resource: str, agent: str, token: int) -> N
     _lock_call(ctx, agent, work)
 
 
+@lock.command("revoke")
+@click.argument("resource")
+@click.option("--agent", required=True, help="The agent whose lease (or queued request) to take away.")
+@click.option("--reason", required=True, help="Why: kept in the log, shown by the audit as a human action.")
+@click.pass_context
+def lock_revoke(ctx: click.Context, resource: str, agent: str, reason: str) -> None:
+    """An operator's override: force-release AGENT's lease on RESOURCE (signed with the admin key)."""
+    from agents.identities import Operator
+
+    settings = settings_of(ctx)
+    try:
+        request_id = asyncio.run(Operator(settings).revoke(resource, agent, reason))
+    except IdentityError as exc:
+        fail(str(exc))
+    click.echo(json.dumps({"requested": "revoke", "request_id": request_id, "resource": resource, "agent_id": agent,
+                           "reason": reason}, sort_keys=True))
+
+
 @lock.command("status")
 @click.argument("resource")
 @click.pass_context
@@ -290,8 +319,11 @@ def lock_status(ctx: click.Context, resource: str) -> None:
 def _register_late_commands() -> None:
     from .audit.cli import COMMANDS
     from .demo import demo
+    from .identitycli import agents, saga
 
     main.add_command(demo)
+    main.add_command(agents)
+    main.add_command(saga)
     for command in COMMANDS:
         main.add_command(command)
 

@@ -509,6 +509,24 @@ class WorkerStarted(Record):
     started_at_ms: int
 
 
+class IdentityRegistered(Record):
+    """One key of one identity, as the admin registered it (``contract.identity``)."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.system.IdentityRegistered"
+
+    key_id: str
+    name: str
+    role: str
+    public_key: bytes
+    tenant: str = ""
+    allow: list[str] = []
+    status: str
+    valid_from_ms: int
+    ended_at_ms: int | None = None
+    reason: str = ""
+    at_ms: int
+
+
 class DeadLetter(Record):
     """A message a processor could not use, kept with the reason and its original bytes."""
 

@@ -58,6 +58,9 @@ class Reason(StrEnum):
     UNSUPPORTED_COMMAND = "unsupported_command"
     KEY_MISMATCH = "key_mismatch"
     PROCESSOR_FAILED = "processor_failed"
+    # The trust boundary (``contract.identity``, ``cores.trust``)
+    UNAUTHENTICATED = "unauthenticated"
+    FORBIDDEN = "forbidden"
 
 
 _RE_ACQUIRE = "Stop acting on this resource; re-acquire it and re-read its state before you continue."
@@ -111,6 +114,10 @@ WHAT_TO_DO: dict[Reason, str] = {
     Reason.KEY_MISMATCH: "Key the message by the id it names (the resource, the saga), as the SDK does.",
     Reason.PROCESSOR_FAILED: "A processor failed on this message (a bug in Arbiter, not in your request): it was "
                              "quarantined with nothing applied. Report it; send a corrected request with a new id.",
+    Reason.UNAUTHENTICATED: "The command is unsigned, its signature does not verify, or its key is unknown, rotated "
+                            "or revoked. Sign with your current key (arbiter agents add/rotate issues one).",
+    Reason.FORBIDDEN: "Your identity may not do this: act as another agent, touch a resource outside your allowed "
+                      "prefixes, send a command only workers or an admin may send, or use an id reserved for sagas.",
 }
 
 RETRIABLE: frozenset[Reason] = frozenset({

@@ -36,6 +36,9 @@ class Topics(BaseModel):
     """Notices a human must act on (a saga whose compensation failed for good); key: saga id."""
     workers: str = "arbiter.workers"
     """Each worker's announcement when it starts: the rules it decides by; key: worker id."""
+    registry: str = "arbiter.registry"
+    """Who may act: each identity's public key, role and allowed prefixes, signed by the admin
+    key; compacted; key: identity name (``contract.identity``)."""
 
     def all(self) -> list[str]:
         """Every topic, in a stable order."""
@@ -150,6 +153,38 @@ class Settings(BaseSettings):
 
     web_port: int = Field(default=0, ge=0, le=65535)
     """faust's web server port; 0 disables it (several workers share one host)."""
+
+    # -- trust (README "Trust boundary") --
+    verify_signatures: bool = True
+    """Workers refuse unsigned and forged commands, and the SDK unsigned and forged decisions.
+    Off is for development only and is announced loudly on every start."""
+
+    identity: str = ""
+    """The identity this process signs as (an agent's name, ``worker``, ``admin``); the
+    private key is read from ``<home>/keys/<identity>.key`` unless ``identity_key`` is set."""
+
+    identity_key: str = ""
+    """A private key (PEM or base64 raw), for keys kept in a secret store instead of a file."""
+
+    admin_public_keys: str = ""
+    """The trust anchors: admin public keys (base64, comma separated) that sign the registry.
+    Empty: ``<home>/keys/admin.pub``, which ``arbiter agents`` writes when it creates the admin key."""
+
+    auto_enroll: bool = False
+    """Development only: an SDK client whose agent has no key, in a home that holds the admin
+    key, is enrolled on first use (allowed every resource). Announced on every use."""
+
+    kafka_security_protocol: Literal["PLAINTEXT", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    """How Kafka clients connect; ``SASL_PLAINTEXT`` for ``arbiter kafka up --secure``."""
+
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"] = "SCRAM-SHA-512"
+    """SASL mechanism, when the protocol uses SASL."""
+
+    kafka_username: str = ""
+    """SASL user (a Kafka principal), when the protocol uses SASL."""
+
+    kafka_password: str = ""
+    """SASL password, when the protocol uses SASL."""
 
     @model_validator(mode="before")
     @classmethod

@@ -22,6 +22,15 @@ TOPIC_CONFIG = {
 }
 
 
+COMPACTED = {"cleanup.policy": "compact"}
+"""Added for the registry: the latest record of every key, kept forever (old keys included)."""
+
+
+def config_of(settings: Settings, name: str) -> dict[str, str]:
+    """The config a topic gets."""
+    return {**TOPIC_CONFIG, **COMPACTED} if name == settings.topics.registry else TOPIC_CONFIG
+
+
 class TopicError(RuntimeError):
     """A topic exists with a shape Arbiter cannot use, or the broker refused to create it."""
 
@@ -50,7 +59,8 @@ async def ensure_topics(settings: Settings) -> list[TopicState]:
         missing = [name for name in wanted if name not in existing]
         if missing:
             new = [
-                NewTopic(name, settings.partitions, settings.replication_factor, topic_configs=TOPIC_CONFIG)
+                NewTopic(name, settings.partitions, settings.replication_factor,
+                         topic_configs=config_of(settings, name))
                 for name in missing
             ]
             response = await admin.create_topics(new, timeout_ms=15000)
@@ -59,7 +69,7 @@ async def ensure_topics(settings: Settings) -> list[TopicState]:
                     raise TopicError(f"creating {name} failed: error {code} {message or ''}".strip())
             await _wait_for_leaders(admin, missing)
             existing.update(await _partition_counts(admin, missing))
-        await _align_configs(admin, [n for n in wanted if n not in missing])
+        await _align_configs(admin, [n for n in wanted if n not in missing and n != settings.topics.registry])
         wrong = {n: c for n, c in existing.items() if c != settings.partitions}
         if wrong:
             detail = ", ".join(f"{n} has {c}" for n, c in sorted(wrong.items()))

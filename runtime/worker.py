@@ -6,6 +6,7 @@ to a pure decision core, send the events it returns. Nothing else lives here.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -24,12 +25,15 @@ from faust.serializers import codecs
 
 from contract import Cause, ContractError, LockTick, Record, ToolIntent, WorkerStarted, default_codec
 from contract.clock import now_ms
+from contract.identity import ROLE_WORKER, Refused, Registry, anchors_for, signer_for
 from contract.reasons import Reason
+from contract.registryfeed import RegistryFeed
 from contract.settings import Settings
 from cores.saga import Saga
-from shells import RowGraphStore, Rules, ToolRunner, build_shells
+from shells import Routes, RowGraphStore, Rules, ToolRunner, build_shells
 from shells.deadletter import dead_letter
 from shells.resource import book_from_bytes, book_to_bytes, content_from_bytes, content_to_bytes
+from shells.trust import Gate, refusal_answers
 
 from .deferred import DeferredTable
 from .transport import GapGuard, Transport
@@ -184,6 +188,28 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
     topics = settings.topics
     rules = Rules.from_settings(settings)
 
+    # Trust (README "Trust boundary"): this worker signs all it sends; every input passes the gate.
+    signer = signer_for(settings.home, settings.identity or ROLE_WORKER, settings.identity_key)
+    registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
+    gate = Gate(registry, enabled=settings.verify_signatures)
+    feed = RegistryFeed(registry, topics.registry, settings.bootstrap, codec)
+    feed_ready = asyncio.Event()
+    feed_starting = asyncio.Lock()
+    if not settings.verify_signatures:
+        app.log.warning("SIGNATURE VERIFICATION IS OFF (ARBITER_VERIFY_SIGNATURES=false): any client with topic "
+                        "access can act as any agent. Development only.")
+
+    async def follow_registry() -> None:
+        async with feed_starting:
+            if feed_ready.is_set():
+                return
+            await feed.start()
+            mine = registry.entries.get(signer.key_id)
+            if settings.verify_signatures and (mine is None or mine.role != ROLE_WORKER or mine.status != "active"):
+                app.log.error("this worker's key %s (%s) is not registered as an active worker identity; run "
+                              "'arbiter agents add %s --role worker'", signer.key_id[:16], signer.name, signer.name)
+            feed_ready.set()
+
     def raw_topic(name: str) -> Any:
         return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
@@ -193,7 +219,8 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         # Straight to faust's producer: Topic.send adds futures, callbacks and sensors
         # per message that cost more than the decision itself (README "Worker tuning").
         producer = await app.maybe_start_producer()
-        await producer.send(topic, key, codec.encode(record), None, None, None)
+        value = codec.encode(record)
+        await producer.send(topic, key, value, None, None, signer.sign(topic, key, value, now_ms()))
 
     def generation() -> int | None:
         return cast(int | None, app.consumer_generation_id)
@@ -228,11 +255,29 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         letter = dead_letter(error, processor=processor, source=cause, key=event.key,
                              value=bytes(event.value or b""), now_ms=now_ms(),
                              max_message_bytes=settings.max_message_bytes)
-        await dead_letters.send(key=event.key, value=codec.encode(letter))
+        value = codec.encode(letter)
+        await dead_letters.send(key=event.key, value=value,
+                                headers=signer.sign(topics.dead_letter, event.key, value, now_ms()))
         app.log.warning("dead-lettered %s[%d]@%d: %s", cause.topic, cause.partition, cause.offset, error)
 
     gaps = GapGuard(os.environ.pop(GapGuard.RESTART_ENV, "")) \
         if settings.processing_guarantee == "at_least_once" else None
+
+    shell_routes = Routes.of(topics, rules.graph_key)
+
+    async def admit(msg: Any, event: Any, record: Record, at_ms: int) -> Any:
+        """The gate's verdict on one input; an unknown key is looked up once more in the registry
+        (it may have been registered a moment ago) before it is refused."""
+        if not gate.enabled:
+            return None
+        if not feed_ready.is_set():
+            await follow_registry()
+        value = bytes(event.value or b"")
+        admitted = gate.admit(msg.topic, event.key, value, msg.headers, record, at_ms)
+        if isinstance(admitted, Refused) and admitted.detail.startswith("unknown signing key"):
+            await feed.catch_up(timeout=5.0)
+            admitted = gate.admit(msg.topic, event.key, value, msg.headers, record, at_ms)
+        return admitted
 
     def processor(name: str, topic_name: str) -> None:
         """Register a thin processor: decode (dead-lettering what does not), then the topic's shell."""
@@ -258,9 +303,15 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
                     continue
                 # The broker's append time: the same on every redelivery (see cores.leases).
                 at_ms = round(msg.timestamp * 1000) if msg.timestamp else now_ms()
+                admitted = await admit(msg, event, record, at_ms)
+                if isinstance(admitted, Refused):
+                    for topic, key, answer in refusal_answers(record, admitted, shell_routes, at_ms, cause):
+                        await send(topic, key, answer)
+                    await reject(event, cause, ContractError(admitted.reason, admitted.detail), name)
+                    continue
                 outbox.clear()
                 try:
-                    problem = await shell.handle(event.key, record, at_ms, cause)
+                    problem = await shell.handle(event.key, record, at_ms, cause, sender=admitted)
                 except Exception:
                     # A bug, not bad input. Quarantine the input: nothing it caused has been sent
                     # (outputs wait in the outbox) or stored (table writes wait too, and the
@@ -290,6 +341,8 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
 
     @app.task  # type: ignore[untyped-decorator]
     async def announce_rules() -> None:
+        if settings.verify_signatures:
+            await follow_registry()
         # The rules this worker decides by go into the log, so audit and replay use them.
         await send(topics.workers, me.encode(), WorkerStarted(
             worker_id=me, rules_json=rules.to_json(), processing_guarantee=settings.processing_guarantee,
@@ -335,7 +388,8 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
             tick_producer.append(producer)
         for partition in owned:
             tick = LockTick(tick_id=f"{me}:{partition}:{next(tick_ids)}", partition=partition, sent_at_ms=now_ms())
-            await tick_producer[0].send(topics.resource_commands, codec.encode(tick), key=TICK_KEY,
-                                        partition=partition)
+            value = codec.encode(tick)
+            await tick_producer[0].send(topics.resource_commands, value, key=TICK_KEY, partition=partition,
+                                        headers=signer.sign(topics.resource_commands, TICK_KEY, value, now_ms()))
 
     return app

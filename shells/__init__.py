@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from contract import Cause, ContractError, DeadlockDetected, Record, ToolIntent
+from contract.identity import Verified
 from contract.settings import Topics
 from cores.gateway import ContentState
 from cores.leases import LeaseBook
@@ -44,7 +45,8 @@ __all__ = [
 class Shell(Protocol):
     """One processor: decide one decoded input; an error says why it must be dead-lettered."""
 
-    async def handle(self, key: bytes | None, record: Record, now_ms: int, cause: Cause) -> ContractError | None:
+    async def handle(self, key: bytes | None, record: Record, now_ms: int, cause: Cause,
+                     sender: Verified | None = None) -> ContractError | None:
         """Decide ``record`` (keyed ``key``) at the broker time ``now_ms``; send what it causes."""
 
 

@@ -20,6 +20,7 @@ from contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
+from contract.identity import Verified
 from contract.reasons import Reason
 from cores.waitgraph import Edge, VictimPolicy, WaitGraph, detect, revocations
 from cores.waitgraph import evolve as evolve_graph
@@ -123,7 +124,8 @@ class DeadlockShell:
     on_detection: Callable[[DeadlockDetected], None] = lambda _detection: None
     """Told of each detection (the worker logs it)."""
 
-    async def handle(self, key: bytes | None, edge: Record, now_ms: int, cause: Cause) -> ContractError | None:
+    async def handle(self, key: bytes | None, edge: Record, now_ms: int, cause: Cause,
+                     sender: Verified | None = None) -> ContractError | None:
         """Fold one wait-edge message into its graph and act on the deadlocks it closes."""
         problem = edge_problem(key, edge)
         if problem is not None:

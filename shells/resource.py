@@ -41,6 +41,7 @@ from contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
+from contract.identity import Verified
 from contract.partitioning import partition_for
 from contract.reasons import Reason
 from cores import gateway
@@ -84,7 +85,8 @@ class ResourceShell:
     _deadlines: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)
     _indexed_generation: int | None = None
 
-    async def handle(self, key: bytes | None, command: Record, now_ms: int, cause: Cause) -> ContractError | None:
+    async def handle(self, key: bytes | None, command: Record, now_ms: int, cause: Cause,
+                     sender: Verified | None = None) -> ContractError | None:
         """Decide one message of the resource-command topic; an error says why it must be dead-lettered."""
         if isinstance(command, LockTick):
             await self.tick(command, now_ms, cause)

@@ -25,6 +25,9 @@ class Rules:
     gateway: GatewayRules = field(default_factory=GatewayRules)
     graph_key: str = "global"
     victim_policy: VictimPolicy = "priority"
+    verify_signatures: bool = False
+    """Whether inputs pass the trust gate (``shells.trust``). Rules recorded before the gate
+    existed say nothing, and mean False: those logs were decided without it."""
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Rules:
@@ -38,14 +41,18 @@ class Rules:
                                  clock_skew_ms=settings.clock_skew_ms,
                                  max_remembered_ids=settings.max_remembered_ids),
             graph_key=settings.graph_key,
+            verify_signatures=settings.verify_signatures,
         )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly form (what ``WorkerStarted.rules_json`` holds)."""
         gateway = asdict(self.gateway)
         gateway.pop("_cache", None)
-        return {"leases": asdict(self.leases), "gateway": gateway, "graph_key": self.graph_key,
-                "victim_policy": self.victim_policy}
+        out: dict[str, Any] = {"leases": asdict(self.leases), "gateway": gateway, "graph_key": self.graph_key,
+                               "victim_policy": self.victim_policy}
+        if self.verify_signatures:
+            out["verify_signatures"] = True  # absent when off, so older logs' rules read back the same
+        return out
 
     def to_json(self) -> str:
         """Canonical JSON: equal rules give equal text."""
@@ -62,6 +69,7 @@ class Rules:
             if victim not in VICTIM_POLICIES:
                 raise ValueError(f"unknown victim policy {victim!r}")
             return cls(leases=LeaseRules(**data["leases"]), gateway=GatewayRules(**gateway),
-                       graph_key=str(data["graph_key"]), victim_policy=victim)
+                       graph_key=str(data["graph_key"]), victim_policy=victim,
+                       verify_signatures=bool(data.get("verify_signatures", False)))
         except (KeyError, TypeError, AttributeError) as exc:
             raise ValueError(f"rules do not fit this Arbiter: {exc}") from None

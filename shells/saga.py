@@ -15,6 +15,7 @@ from contract import (
     SagaFinished,
     ToolIntent,
 )
+from contract.identity import Verified
 from contract.reasons import Reason
 from cores import saga as saga_core
 from cores.saga import COMPENSATION_FAILED, Saga, SagaInput
@@ -42,7 +43,8 @@ class SagaShell:
     routes: Routes
     send: Send
 
-    async def handle(self, key: bytes | None, record: Record, now_ms: int, cause: Cause) -> ContractError | None:
+    async def handle(self, key: bytes | None, record: Record, now_ms: int, cause: Cause,
+                     sender: Verified | None = None) -> ContractError | None:
         """Decide one saga message: an agent's step or abort, or an answer to the saga's own agent."""
         if not isinstance(record, SagaInput):
             # Well-typed, wrong topic: a lease request here would be taken for the saga's own.

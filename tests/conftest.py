@@ -46,6 +46,8 @@ def isolated_settings(bootstrap: str, tmp_home: Path, **overrides: object) -> Se
         "app_id": f"test-{run}",
         "home": tmp_home,
         "partitions": 2,
+        # Each test's home gets its own admin key; its agents are issued keys on first use.
+        "auto_enroll": True,
     }
     values.update(overrides)
     return Settings(**values)  # type: ignore[arg-type]

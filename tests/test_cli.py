@@ -59,7 +59,8 @@ def test_topics_create_without_kafka_is_a_clear_error() -> None:
 def test_ping_with_no_worker_times_out_clearly(kafka_settings: Settings) -> None:
     env = {"ARBITER_TOPICS__RESOURCE_COMMANDS": kafka_settings.topics.resource_commands,
            "ARBITER_TOPICS__AGENT_INBOX": kafka_settings.topics.agent_inbox,
-           "ARBITER_BOOTSTRAP": kafka_settings.bootstrap}
+           "ARBITER_TOPICS__REGISTRY": kafka_settings.topics.registry,
+           "ARBITER_HOME": str(kafka_settings.home), "ARBITER_BOOTSTRAP": kafka_settings.bootstrap}
     proc = arbiter("ping", "--count", "1", "--timeout", "2", env=env)
     assert proc.returncode == 1
     assert "no Pong within 2.0s: is a worker running?" in proc.stderr
@@ -80,7 +81,6 @@ def test_lock_commands_from_a_shell(kafka_settings: Settings, workers: WorkerPoo
 
     workers.start(1)
     env = settings_env(kafka_settings)
-    env.pop("ARBITER_HOME", None)
 
     def lock(*args: str) -> subprocess.CompletedProcess[str]:
         return arbiter("lock", *args, env=env, timeout=120)

@@ -7,9 +7,10 @@ import random
 from collections import defaultdict
 
 import pytest
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from agents import ArbiterClient, LeaseDenied
+from agents.identities import Operator
 from arbiter.processes import WorkerPool
 from contract import (
     LockDenied,
@@ -17,11 +18,9 @@ from contract import (
     LockGranted,
     LockReleased,
     LockRevoked,
-    LockRevokeRequested,
     Record,
     default_codec,
 )
-from contract.clock import now_ms
 from contract.settings import Settings
 
 pytestmark = pytest.mark.kafka
@@ -78,18 +77,9 @@ async def test_context_manager_renews_in_the_background(kafka_settings: Settings
 
 
 async def test_revocation_reaches_the_holder_at_once(kafka_settings: Settings, worker: WorkerPool) -> None:
-    codec = default_codec()
     async with ArbiterClient("victim", kafka_settings) as victim, victim.lease("ticket:cust_8492", ttl=30) as lease:
-        producer = AIOKafkaProducer(bootstrap_servers=kafka_settings.bootstrap)
-        await producer.start()
-        try:
-            await producer.send_and_wait(kafka_settings.topics.resource_commands, key=b"ticket:cust_8492",
-                                         value=codec.encode(LockRevokeRequested(
-                                             request_id="rv-1", resource="ticket:cust_8492", agent_id="victim",
-                                             reason="operator_says_so", requested_by="operator:test",
-                                             sent_at_ms=now_ms())))
-        finally:
-            await producer.stop()
+        # An operator's override: signed with the admin key, with a reason.
+        await Operator(kafka_settings).revoke("ticket:cust_8492", "victim", "operator_says_so")
         assert await asyncio.wait_for(lease.wait_lost(), 10) == "revoked: operator_says_so"
         assert lease.lost
 

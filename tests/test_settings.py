@@ -52,4 +52,4 @@ def test_bad_values_are_refused(field: str, value: object) -> None:
 
 def test_topic_names_are_distinct() -> None:
     names = Settings().topics.all()
-    assert len(names) == len(set(names)) == 9
+    assert len(names) == len(set(names)) == 10

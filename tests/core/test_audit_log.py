@@ -265,7 +265,7 @@ def test_identity_is_the_whole_content(name: str) -> None:
         try:
             assert identity(record) == (name, record.model_dump_json())
         except PydanticSerializationError:  # bytes that are not UTF-8: identity still has an answer
-            assert name == "DeadLetter"
+            assert name in ("DeadLetter", "IdentityRegistered")  # the models with a bytes field
         assert identity(model.model_validate(values)) == identity(record)
 
     same()

@@ -1,0 +1,214 @@
+"""Issuing, rotating and revoking identities: the admin's side of the registry.
+
+The admin key (``<home>/keys/admin.key``, created on first use, with its public half in
+``admin.pub``: the trust anchor every process reads) signs every registry record. An
+identity's private key goes to ``<home>/keys/<name>.key`` (0600, directory 0700) or is
+handed back once for a secret store; only its public half is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+
+from contract import CompensationRequested, IdentityRegistered, LockRevokeRequested, Record, default_codec
+from contract.clock import now_ms
+from contract.identity import (
+    ACTIVE,
+    END_GRACE_MS,
+    REVOKED,
+    ROLE_ADMIN,
+    ROLE_AGENT,
+    ROLE_WORKER,
+    ROTATED,
+    IdentityError,
+    Registry,
+    Signer,
+    anchors_for,
+    key_file,
+    keys_dir,
+    read_private_key,
+    valid_name,
+    write_private_key,
+)
+from contract.registryfeed import RegistryFeed
+from contract.settings import Settings
+
+
+def _read_settled(path: Path, name: str) -> Signer:
+    """Read a key file that another process may be writing this very moment."""
+    for _ in range(40):
+        try:
+            return read_private_key(path, name)
+        except IdentityError:
+            if path.stat().st_size > 0 and path.stat().st_mode & 0o077:
+                raise
+            time.sleep(0.05)
+    return read_private_key(path, name)
+
+
+def admin_signer(home: Path, create: bool = True) -> Signer:
+    """The admin key of ``home``; created (with ``admin.pub`` beside it) when missing and ``create``."""
+    path = keys_dir(home) / "admin.key"
+    if not path.exists():
+        if not create:
+            raise IdentityError(f"no admin key at {path}: only the admin can change the registry")
+        signer = Signer.generate(ROLE_ADMIN)
+        if write_private_key(path, signer):
+            public = keys_dir(home) / "admin.pub"
+            tmp = public.with_suffix(f".pub.{os.getpid()}")
+            tmp.write_text(signer.public_text() + "\n")
+            os.replace(tmp, public)
+            return signer
+    return _read_settled(path, ROLE_ADMIN)
+
+
+async def _until(at_ms: int) -> None:
+    """Return once the wall clock reaches ``at_ms``: when a rotation or revocation takes effect."""
+    await asyncio.sleep(max(0, at_ms - now_ms()) / 1000)
+
+
+class Registrar:
+    """The admin's operations on the registry topic."""
+
+    def __init__(self, settings: Settings, create_admin: bool = True) -> None:
+        self.settings = settings
+        self.admin = admin_signer(settings.home, create=create_admin)
+        self.codec = default_codec(settings.max_message_bytes)
+
+    async def entries(self) -> list[IdentityRegistered]:
+        """Every key in the registry, as the admin keys signed it."""
+        registry = Registry(anchors_for(self.settings.home, self.settings.admin_public_keys))
+        feed = RegistryFeed(registry, self.settings.topics.registry, self.settings.bootstrap, self.codec)
+        await feed.start()
+        await feed.stop()
+        return sorted(registry.entries.values(), key=lambda e: (e.name, e.valid_from_ms))
+
+    async def publish(self, entries: Iterable[IdentityRegistered]) -> None:
+        """Write registry records, each signed by the admin key."""
+        producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0)
+        await producer.start()
+        try:
+            topic = self.settings.topics.registry
+            for entry in entries:
+                value = self.codec.encode(entry)
+                key = entry.key_id.encode()
+                headers = self.admin.sign(topic, key, value, now_ms())
+                await producer.send_and_wait(topic, value, key=key, headers=headers)
+        finally:
+            await producer.stop()
+
+    async def add(self, name: str, *, role: str = ROLE_AGENT, tenant: str = "", allow: Iterable[str] = (),
+                  keep_key: bool = True) -> Signer:
+        """Issue a key to a new identity and register it. ``keep_key``: write the private key under
+        the home (else the caller shows it once). Refuses a name that already has an active key."""
+        problem = valid_name(name)
+        if problem:
+            raise IdentityError(f"{name!r} cannot be an identity: {problem}")
+        if role not in (ROLE_AGENT, ROLE_WORKER):
+            raise IdentityError(f"role must be {ROLE_AGENT} or {ROLE_WORKER}, not {role!r}")
+        if any(e.name == name and e.status == ACTIVE for e in await self.entries()):
+            raise IdentityError(f"{name!r} already has an active key: rotate it ('arbiter agents rotate {name}') "
+                                f"or revoke it first")
+        signer = Signer.generate(name)
+        if keep_key and not write_private_key(key_file(self.settings.home, name), signer):
+            raise IdentityError(f"{key_file(self.settings.home, name)} already exists; remove it or rotate {name!r}")
+        await self.publish([self._entry(signer, role, tenant, list(allow))])
+        return signer
+
+    async def rotate(self, name: str, *, keep_key: bool = True) -> Signer:
+        """A new key for ``name`` (same role and prefixes); its old keys stop verifying shortly after."""
+        current = [e for e in await self.entries() if e.name == name and e.status == ACTIVE]
+        if not current:
+            raise IdentityError(f"{name!r} has no active key to rotate; add it with 'arbiter agents add {name}'")
+        newest = max(current, key=lambda e: e.valid_from_ms)
+        signer = Signer.generate(name)
+        ends = now_ms() + END_GRACE_MS
+        await self.publish([self._entry(signer, newest.role, newest.tenant, newest.allow),
+                            *(e.model_copy(update={"status": ROTATED, "ended_at_ms": ends, "reason": "rotated",
+                                                   "at_ms": now_ms()}) for e in current)])
+        await _until(ends)
+        if keep_key:
+            path = key_file(self.settings.home, name)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            tmp.unlink(missing_ok=True)
+            write_private_key(tmp, signer)
+            os.replace(tmp, path)
+        return signer
+
+    async def revoke(self, name: str, reason: str) -> list[IdentityRegistered]:
+        """Revoke every active key of ``name``; commands appended after the returned ends are refused."""
+        current = [e for e in await self.entries() if e.name == name and e.status == ACTIVE]
+        if not current:
+            raise IdentityError(f"{name!r} has no active key")
+        ends = now_ms() + END_GRACE_MS
+        revoked = [e.model_copy(update={"status": REVOKED, "ended_at_ms": ends, "reason": reason or "revoked",
+                                        "at_ms": now_ms()}) for e in current]
+        await self.publish(revoked)
+        await _until(ends)
+        return revoked
+
+    def _entry(self, signer: Signer, role: str, tenant: str, allow: list[str]) -> IdentityRegistered:
+        now = now_ms()
+        return IdentityRegistered(key_id=signer.key_id, name=signer.name, role=role, public_key=signer.public_raw,
+                                  tenant=tenant, allow=allow, status=ACTIVE, valid_from_ms=now, at_ms=now)
+
+
+async def ensure_identity(settings: Settings, name: str, role: str = ROLE_AGENT) -> Signer:
+    """The signer of ``name`` from its key file; when there is none, issue one with this home's
+    admin key (used for the workers' identity, and for agents under ``auto_enroll``)."""
+    path = key_file(settings.home, name)
+    if path.exists():
+        return _read_settled(path, name)
+    registrar = Registrar(settings)
+    try:
+        return await registrar.add(name, role=role)
+    except IdentityError:
+        if path.exists():  # another process issued it at the same moment
+            return _read_settled(path, name)
+        raise
+
+
+
+
+class Operator:
+    """A human's overrides, signed with the admin key: force-release a stuck lease, abort a saga.
+    Each carries a reason and names the admin as its sender, so the audit shows it as a human action."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.admin = admin_signer(settings.home, create=False)
+        self.codec = default_codec(settings.max_message_bytes)
+
+    async def _send(self, topic: str, key: str, record: Record) -> None:
+        producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0)
+        await producer.start()
+        try:
+            value = self.codec.encode(record)
+            raw = key.encode()
+            await producer.send_and_wait(topic, value, key=raw, headers=self.admin.sign(topic, raw, value, now_ms()))
+        finally:
+            await producer.stop()
+
+    async def revoke(self, resource: str, agent_id: str, reason: str, token: int | None = None) -> str:
+        """Force-release ``agent_id``'s lease (or queued request) on ``resource``; the request id."""
+        if not reason.strip():
+            raise IdentityError("an override needs a reason")
+        request_id = f"override|{uuid.uuid4().hex}"
+        await self._send(self.settings.topics.resource_commands, resource, LockRevokeRequested(
+            request_id=request_id, resource=resource, agent_id=agent_id, token=token, reason=reason,
+            requested_by=ROLE_ADMIN, sent_at_ms=now_ms()))
+        return request_id
+
+    async def abort_saga(self, saga_id: str, reason: str) -> None:
+        """Abort a saga: its completed steps are compensated."""
+        if not reason.strip():
+            raise IdentityError("an override needs a reason")
+        await self._send(self.settings.topics.saga_commands, saga_id, CompensationRequested(
+            saga_id=saga_id, reason=reason, requested_by=ROLE_ADMIN, at_ms=now_ms()))

@@ -1,0 +1,334 @@
+"""Who sent a message: Ed25519 keys, the signature header, and the registry of keys.
+
+Theory of operation
+-------------------
+Every identity (an agent, the workers, an admin) has an Ed25519 key pair. Whoever
+produces a message signs it, in three record headers::
+
+    arbiter-kid   the signing key's id (hex, 32 chars: SHA-256 of the raw public key, first 16 bytes)
+    arbiter-at    when it was signed, ms since the epoch (ASCII digits)
+    arbiter-sig   the 64-byte Ed25519 signature over ``signed_payload``
+
+``signed_payload`` covers the topic, the key, the value bytes, the signer's name and the
+signing time, each length-prefixed, so a signature is good for exactly one message on one
+topic under one key from one identity: moving it to another topic, key or identity breaks
+it. A replayed message is covered by request-id idempotence (``cores.leases``).
+
+The registry topic holds one ``IdentityRegistered`` per key (keyed by key id, compacted),
+each signed by an admin key. The admin keys are the trust anchors: their public keys are
+given to every process out of band (``<home>/keys/admin.pub`` or
+``ARBITER_ADMIN_PUBLIC_KEYS``), never read from Kafka, so write access to the registry
+topic alone cannot make anyone an identity.
+
+A key stops being good when it is rotated or revoked: its record gets ``ended_at_ms``,
+and a message appended by the broker at or after that time does not verify. The end is
+set a little in the future when the change is made (``END_GRACE_MS``), so that every
+worker has read it before it takes effect and a replay decides exactly as the workers did.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from .models import IdentityRegistered
+from .reasons import Reason
+from .roles import RESERVED_PREFIXES, ROLE_ADMIN, ROLE_AGENT, ROLE_WORKER, ROLES
+
+__all__ = ["RESERVED_PREFIXES", "ROLES", "ROLE_ADMIN", "ROLE_AGENT", "ROLE_WORKER"]
+
+HEADER_KEY_ID = "arbiter-kid"
+HEADER_AT = "arbiter-at"
+HEADER_SIG = "arbiter-sig"
+SIGNATURE_HEADERS = (HEADER_KEY_ID, HEADER_AT, HEADER_SIG)
+
+
+ACTIVE = "active"
+ROTATED = "rotated"
+REVOKED = "revoked"
+
+END_GRACE_MS = 2_000
+"""A rotation or revocation takes effect this long after it is written (see above)."""
+
+
+Headers = Sequence[tuple[str, bytes]]
+_PAYLOAD_TAG = b"arbiter-signed/1"
+
+
+class IdentityError(ValueError):
+    """A key file or key text that cannot be used, with what to do about it."""
+
+
+def key_id_of(public_raw: bytes) -> str:
+    """The id of a raw 32-byte Ed25519 public key."""
+    return hashlib.sha256(public_raw).hexdigest()[:32]
+
+
+def signed_payload(topic: str, key: bytes | None, value: bytes, name: str, at_ms: int) -> bytes:
+    """The bytes a signature covers (length-prefixed, so no two messages share them)."""
+    parts = (topic.encode(), key if key is not None else b"\xff", value, name.encode())
+    return b"".join([_PAYLOAD_TAG, *(struct.pack(">I", len(p)) + p for p in parts), struct.pack(">q", at_ms)])
+
+
+def valid_name(name: str) -> str | None:
+    """Why ``name`` cannot be an identity (None: it can)."""
+    if not name or len(name.encode()) > 200:
+        return "a name is 1 to 200 UTF-8 bytes"
+    if any(name.startswith(p) for p in RESERVED_PREFIXES):
+        return f"names starting with {', '.join(RESERVED_PREFIXES)} are reserved for sagas"
+    if any(c in name for c in "/\\\0") or name in (".", "..") or name.strip() != name:
+        return "a name has no slashes, NUL or surrounding spaces"
+    return None
+
+
+@dataclass
+class Signer:
+    """One identity's private key: signs what this process produces."""
+
+    name: str
+    private_key: Ed25519PrivateKey
+    key_id: str = field(init=False)
+    public_raw: bytes = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.public_raw = self.private_key.public_key().public_bytes(
+            serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        self.key_id = key_id_of(self.public_raw)
+        self._kid = self.key_id.encode()
+
+    @classmethod
+    def generate(cls, name: str) -> Signer:
+        """A new key pair for ``name``."""
+        return cls(name, Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_text(cls, name: str, text: str | bytes) -> Signer:
+        """A signer from a PEM (PKCS#8) private key, or its raw 32 bytes in base64."""
+        data = text.encode() if isinstance(text, str) else text
+        try:
+            if b"-----BEGIN" in data:
+                key = serialization.load_pem_private_key(data, password=None)
+            else:
+                key = Ed25519PrivateKey.from_private_bytes(base64.b64decode(data.strip(), validate=True))
+        except (ValueError, TypeError) as exc:
+            raise IdentityError(f"the private key of {name!r} cannot be read: {exc}") from None
+        if not isinstance(key, Ed25519PrivateKey):
+            raise IdentityError(f"the private key of {name!r} is not an Ed25519 key")
+        return cls(name, key)
+
+    def private_pem(self) -> bytes:
+        """The private key as unencrypted PKCS#8 PEM (keep it secret)."""
+        return self.private_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                              serialization.NoEncryption())
+
+    def public_text(self) -> str:
+        """The raw public key, base64."""
+        return base64.b64encode(self.public_raw).decode()
+
+    def sign(self, topic: str, key: bytes | None, value: bytes, at_ms: int) -> list[tuple[str, bytes]]:
+        """The signature headers for one message."""
+        signature = self.private_key.sign(signed_payload(topic, key, value, self.name, at_ms))
+        return [(HEADER_KEY_ID, self._kid), (HEADER_AT, str(at_ms).encode()), (HEADER_SIG, signature)]
+
+
+@dataclass(frozen=True)
+class Verified:
+    """A message whose signature checks out, and the identity that signed it."""
+
+    identity: IdentityRegistered
+    signed_at_ms: int
+
+    @property
+    def name(self) -> str:
+        """The signer's name."""
+        return self.identity.name
+
+    @property
+    def role(self) -> str:
+        """The signer's role."""
+        return self.identity.role
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Why a message is not accepted (a stable reason code and a detail)."""
+
+    reason: Reason
+    detail: str
+
+
+def _header(headers: Headers | None, name: str) -> bytes | None:
+    for key, value in headers or ():
+        if key == name:
+            return bytes(value) if value is not None else None
+    return None
+
+
+def signature_of(headers: Headers | None) -> tuple[str, int, bytes] | Refused:
+    """The (key id, signing time, signature) a message carries."""
+    kid, at, sig = (_header(headers, h) for h in SIGNATURE_HEADERS)
+    if kid is None or at is None or sig is None:
+        return Refused(Reason.UNAUTHENTICATED, "the message is not signed (no arbiter-kid/-at/-sig headers)")
+    try:
+        return kid.decode("ascii"), int(at), sig
+    except (UnicodeDecodeError, ValueError):
+        return Refused(Reason.UNAUTHENTICATED, "the signature headers are malformed")
+
+
+class Registry:
+    """Every key the admin registered, as read from the registry topic, and the check of a signature."""
+
+    def __init__(self, anchors: Iterable[bytes]) -> None:
+        self._anchors: dict[str, Ed25519PublicKey] = {}
+        for raw in anchors:
+            self._anchors[key_id_of(raw)] = Ed25519PublicKey.from_public_bytes(raw)
+        self.entries: dict[str, IdentityRegistered] = {}
+        self._keys: dict[str, Ed25519PublicKey] = {}
+        self.refused: list[str] = []
+        """Registry records that were not signed by an anchor (never applied)."""
+
+    @property
+    def anchor_ids(self) -> frozenset[str]:
+        """Key ids of the trust anchors."""
+        return frozenset(self._anchors)
+
+    def apply(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None,
+              record: IdentityRegistered) -> Refused | None:
+        """Apply one registry record if an anchor signed it; else say why not (and change nothing)."""
+        signature = signature_of(headers)
+        if isinstance(signature, Refused):
+            self.refused.append(record.key_id)
+            return signature
+        kid, at, sig = signature
+        anchor = self._anchors.get(kid)
+        if anchor is None:
+            self.refused.append(record.key_id)
+            return Refused(Reason.UNAUTHENTICATED, f"registry record for {record.name!r} is not signed by an admin key")
+        try:
+            anchor.verify(sig, signed_payload(topic, key, value, ROLE_ADMIN, at))
+        except InvalidSignature:
+            self.refused.append(record.key_id)
+            return Refused(Reason.UNAUTHENTICATED, f"registry record for {record.name!r}: bad admin signature")
+        if key != record.key_id.encode() or key_id_of(record.public_key) != record.key_id:
+            self.refused.append(record.key_id)
+            return Refused(Reason.UNAUTHENTICATED, "registry record's key id does not match its public key")
+        self.entries[record.key_id] = record
+        self._keys[record.key_id] = Ed25519PublicKey.from_public_bytes(record.public_key)
+        return None
+
+    def current(self, name: str) -> list[IdentityRegistered]:
+        """Every key of ``name``, newest first."""
+        return sorted((e for e in self.entries.values() if e.name == name), key=lambda e: -e.valid_from_ms)
+
+    def knows(self, key_id: str) -> bool:
+        """Whether ``key_id`` is registered (or is an anchor)."""
+        return key_id in self._keys or key_id in self._anchors
+
+    def verify(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None,
+               appended_at_ms: int) -> Verified | Refused:
+        """Who signed this message, appended by the broker at ``appended_at_ms``; or why it is refused."""
+        signature = signature_of(headers)
+        if isinstance(signature, Refused):
+            return signature
+        kid, at, sig = signature
+        entry = self.entries.get(kid)
+        public = self._keys.get(kid)
+        if entry is None or public is None:
+            anchor = self._anchors.get(kid)
+            if anchor is None:
+                return Refused(Reason.UNAUTHENTICATED, f"unknown signing key {kid[:16]}")
+            # An admin key signs as "admin" even before (or without) its own registry record.
+            entry = IdentityRegistered(key_id=kid, name=ROLE_ADMIN, role=ROLE_ADMIN, public_key=b"\0" * 32,
+                                       status=ACTIVE, valid_from_ms=0, at_ms=0)
+            public = anchor
+        if entry.status != ACTIVE and entry.ended_at_ms is not None and appended_at_ms >= entry.ended_at_ms:
+            return Refused(Reason.UNAUTHENTICATED, f"the key {kid[:16]} of {entry.name!r} was {entry.status} "
+                                                   f"at {entry.ended_at_ms}")
+        try:
+            public.verify(sig, signed_payload(topic, key, value, entry.name, at))
+        except InvalidSignature:
+            return Refused(Reason.UNAUTHENTICATED, f"the signature by {entry.name!r} does not match the message")
+        return Verified(entry, at)
+
+
+# -- key files ---------------------------------------------------------------------
+
+
+def keys_dir(home: Path) -> Path:
+    """Where this home keeps private keys (0700)."""
+    return home / "keys"
+
+
+def key_file(home: Path, name: str) -> Path:
+    """The private key file of ``name`` under ``home``."""
+    problem = valid_name(name) if name != ROLE_ADMIN else None
+    if problem:
+        raise IdentityError(f"{name!r} cannot be an identity: {problem}")
+    return keys_dir(home) / f"{name}.key"
+
+
+def write_private_key(path: Path, signer: Signer) -> bool:
+    """Write ``signer``'s private key to ``path`` with 0600 permissions, never over an existing
+    file. False when the file already exists (someone else created it first)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "wb") as out:
+        out.write(signer.private_pem())
+    return True
+
+
+def read_private_key(path: Path, name: str) -> Signer:
+    """The signer whose private key is in ``path``; refuses files others can read."""
+    try:
+        mode = path.stat().st_mode & 0o777
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise IdentityError(f"no key for {name!r} at {path}: run 'arbiter agents add {name}'") from None
+    if mode & 0o077:
+        raise IdentityError(f"{path} is readable by others (mode {mode:o}); run 'chmod 600 {path}'")
+    return Signer.from_text(name, data)
+
+
+def parse_public_keys(text: str) -> list[bytes]:
+    """Raw public keys from base64 text, comma or whitespace separated."""
+    keys = []
+    for item in text.replace(",", " ").split():
+        try:
+            raw = base64.b64decode(item, validate=True)
+        except ValueError:
+            raise IdentityError(f"{item[:20]!r} is not a base64 public key") from None
+        if len(raw) != 32:
+            raise IdentityError(f"a public key is 32 bytes, {item[:20]!r} is {len(raw)}")
+        keys.append(raw)
+    return keys
+
+
+def anchors_for(home: Path, configured: str) -> list[bytes]:
+    """The admin public keys to trust: ``configured`` (base64 list), else ``<home>/keys/admin.pub``."""
+    if configured.strip():
+        return parse_public_keys(configured)
+    path = keys_dir(home) / "admin.pub"
+    try:
+        return parse_public_keys(path.read_text())
+    except FileNotFoundError:
+        return []
+
+
+def signer_for(home: Path, name: str, key_text: str = "") -> Signer:
+    """The signer of ``name``: from ``key_text`` (a secret store's value) if given, else its key file."""
+    if key_text:
+        return Signer.from_text(name, key_text)
+    return read_private_key(key_file(home, name), name)

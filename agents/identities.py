@@ -37,6 +37,7 @@ from contract.identity import (
     valid_name,
     write_private_key,
 )
+from contract.kafkaauth import kafka_client_options
 from contract.registryfeed import RegistryFeed
 from contract.settings import Settings
 
@@ -85,14 +86,16 @@ class Registrar:
     async def entries(self) -> list[IdentityRegistered]:
         """Every key in the registry, as the admin keys signed it."""
         registry = Registry(anchors_for(self.settings.home, self.settings.admin_public_keys))
-        feed = RegistryFeed(registry, self.settings.topics.registry, self.settings.bootstrap, self.codec)
+        feed = RegistryFeed(registry, self.settings.topics.registry, self.settings.bootstrap, self.codec,
+                            **kafka_client_options(self.settings))
         await feed.start()
         await feed.stop()
         return sorted(registry.entries.values(), key=lambda e: (e.name, e.valid_from_ms))
 
     async def publish(self, entries: Iterable[IdentityRegistered]) -> None:
         """Write registry records, each signed by the admin key."""
-        producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0)
+        producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0,
+                                    **kafka_client_options(self.settings))
         await producer.start()
         try:
             topic = self.settings.topics.registry
@@ -187,7 +190,8 @@ class Operator:
         self.codec = default_codec(settings.max_message_bytes)
 
     async def _send(self, topic: str, key: str, record: Record) -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0)
+        producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0,
+                                    **kafka_client_options(self.settings))
         await producer.start()
         try:
             value = self.codec.encode(record)

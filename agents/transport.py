@@ -30,6 +30,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from contract import Codec, ContractError, Record
 from contract.clock import now_ms
 from contract.identity import ROLE_WORKER, Refused, Registry, Signer, anchors_for, key_file, signer_for
+from contract.kafkaauth import kafka_client_options
 from contract.partitioning import partition_for
 from contract.registryfeed import RegistryFeed
 from contract.settings import Settings
@@ -76,10 +77,12 @@ class KafkaTransport:
         self._signer = await self._identity()
         if self.settings.verify_signatures:
             registry = Registry(anchors_for(self.settings.home, self.settings.admin_public_keys))
-            self._feed = RegistryFeed(registry, self.settings.topics.registry, self.settings.bootstrap, self.codec)
+            self._feed = RegistryFeed(registry, self.settings.topics.registry, self.settings.bootstrap, self.codec,
+                                      **kafka_client_options(self.settings))
             await self._feed.start()
         servers = self.settings.bootstrap
-        self._producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", linger_ms=0,
+        kafka = kafka_client_options(self.settings)
+        self._producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", linger_ms=0, **kafka,
                                           max_request_size=2 * self.settings.max_message_bytes)
         await self._producer.start()
         inbox = self.settings.topics.agent_inbox
@@ -92,6 +95,7 @@ class KafkaTransport:
             group_id=None,
             # Under exactly_once, workers write in transactions: never act on an aborted one.
             isolation_level="read_committed",
+            **kafka,
         )
         await self._consumer.start()
         tp = TopicPartition(inbox, partition)

@@ -14,6 +14,7 @@ import click
 
 from agents.identities import ensure_identity
 from contract.identity import IdentityError
+from contract.kafkaauth import kafka_client_options
 from runtime.topics import TopicError, ensure_topics
 
 from .console import fail, say, settings_of
@@ -93,7 +94,7 @@ def kafka_status(ctx: click.Context) -> None:
     """Say whether the local broker runs and answers. Exit 1 when it does not."""
     local = _local(ctx)
     pid = local.pid()
-    answers = broker_answers(local.bootstrap)
+    answers = local.answers()
     click.echo(f"kafka: {f'running (pid {pid})' if pid else 'not running'}; "
                f"{local.bootstrap} {'answers' if answers else 'does not answer'}")
     sys.exit(0 if answers else 1)
@@ -131,7 +132,7 @@ def topics_create(ctx: click.Context) -> None:
 def worker(ctx: click.Context, loglevel: str) -> None:
     """Run a stream-processor worker. Start more to share the partitions."""
     settings = settings_of(ctx)
-    if not broker_answers(settings.bootstrap):
+    if not broker_answers(settings.bootstrap, options=kafka_client_options(settings)):
         fail(f"no Kafka answers at {settings.bootstrap}; start one with 'arbiter kafka up' or pass --bootstrap")
     import faust
 

@@ -10,6 +10,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
 
+from contract.kafkaauth import kafka_client_options
 from contract.settings import Settings
 
 TOPIC_CONFIG = {
@@ -51,7 +52,8 @@ async def ensure_topics(settings: Settings) -> list[TopicState]:
     are co-partitioned. An existing topic with another count would silently break that
     and is reported as an error rather than altered.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=15000)
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=15000,
+                                **kafka_client_options(settings))
     await admin.start()
     try:
         wanted = settings.topics.all()

@@ -26,6 +26,7 @@ from faust.serializers import codecs
 from contract import Cause, ContractError, LockTick, Record, ToolIntent, WorkerStarted, default_codec
 from contract.clock import now_ms
 from contract.identity import ROLE_WORKER, Refused, Registry, anchors_for, signer_for
+from contract.kafkaauth import faust_credentials, kafka_client_options
 from contract.reasons import Reason
 from contract.registryfeed import RegistryFeed
 from contract.settings import Settings
@@ -125,7 +126,20 @@ def faust_settings(settings: Settings) -> dict[str, Any]:
         "web_enabled": settings.web_port != 0,
         "web_port": settings.web_port or 6066,
         "datadir": str((settings.home / "worker-data").resolve()),
+        **broker_credentials(settings),
     }
+
+
+def broker_credentials(settings: Settings) -> dict[str, Any]:
+    """faust's ``broker_credentials`` for a broker with SASL logins (``arbiter kafka up --secure``)."""
+    values = faust_credentials(settings)
+    if values is None:
+        return {}
+    import ssl
+
+    return {"broker_credentials": faust.SASLCredentials(
+        username=values["username"], password=values["password"], mechanism=values["mechanism"],
+        ssl_context=ssl.create_default_context() if values["ssl"] else None)}
 
 
 def raw_key_table(app: faust.App, name: str, value_serializer: str, partitions: int) -> Any:
@@ -192,7 +206,7 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
     signer = signer_for(settings.home, settings.identity or ROLE_WORKER, settings.identity_key)
     registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
     gate = Gate(registry, enabled=settings.verify_signatures)
-    feed = RegistryFeed(registry, topics.registry, settings.bootstrap, codec)
+    feed = RegistryFeed(registry, topics.registry, settings.bootstrap, codec, **kafka_client_options(settings))
     feed_ready = asyncio.Event()
     feed_starting = asyncio.Lock()
     if not settings.verify_signatures:
@@ -383,7 +397,8 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
         if not owned:
             return
         if not tick_producer:
-            producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all", linger_ms=0)
+            producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all", linger_ms=0,
+                                        **kafka_client_options(settings))
             await producer.start()
             tick_producer.append(producer)
         for partition in owned:

@@ -48,6 +48,7 @@ from contract import (
     ToolRejected,
     default_codec,
 )
+from contract.kafkaauth import kafka_client_options
 from contract.partitioning import key_for_partition
 from contract.settings import Settings, Topics
 from runtime.topics import ensure_topics
@@ -134,6 +135,7 @@ async def follow(settings: Settings, state: LiveState, stop: asyncio.Event,
     codec = default_codec(settings.max_message_bytes)
     t = settings.topics
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, enable_auto_commit=False,
+                                **kafka_client_options(settings),
                                 auto_offset_reset="earliest", fetch_max_wait_ms=100)
     await consumer.start()
     try:
@@ -403,7 +405,7 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
                     click.echo(f"  {local.up()}")
                 except LocalKafkaError as exc:
                     fail(str(exc), exc.log_tail)
-        if not broker_answers(settings.bootstrap):
+        if not broker_answers(settings.bootstrap, options=kafka_client_options(settings)):
             fail(f"no Kafka answers at {settings.bootstrap}")
         click.echo(f"kafka at {settings.bootstrap}; run {run}: topics arbiter.demo.{run}.*, "
                    f"ledger {settings.ledger_url()}")

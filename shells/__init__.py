@@ -87,7 +87,8 @@ def build_shells(
     return Shells(
         resource=ResourceShell(books=books, contents=contents, partitions=partitions, rules=rules.leases,
                                gate_rules=rules.gateway, tools=tools, routes=routes, send=send, worker_id=worker_id,
-                               generation=generation, after_tool=after_tool),
+                               generation=generation, after_tool=after_tool,
+                               hide_tokens=rules.verify_signatures),
         deadlock=DeadlockShell(graphs, routes, send, rules.victim_policy, on_detection),
         saga=SagaShell(sagas, routes, send),
         topics=topics,

@@ -82,6 +82,9 @@ class ResourceShell:
     """The consumer group generation: the expiry index is rebuilt when it changes."""
     after_tool: Callable[[ToolIntent], None] = lambda _intent: None
     """Called between a tool's run and the record of its outcome (fault injection in tests)."""
+    hide_tokens: bool = False
+    """Snapshots show other agents' leases without their tokens (the trust boundary's rule;
+    off for logs decided before it, so their replays stay exact)."""
     _deadlines: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)
     _indexed_generation: int | None = None
 
@@ -167,8 +170,9 @@ class ResourceShell:
         await self.send(self.routes.agent_inbox, request.agent_id.encode(), ResourceSnapshot(
             request_id=request.request_id, agent_id=request.agent_id, resource=resource, version=content.version,
             content_hash=content.content_hash, high_water_token=book.last_token,
-            holders=[Holder(agent_id=h.agent_id, request_id=h.request_id, token=h.token, mode=h.mode,
-                            expires_at_ms=h.expires_at_ms) for h in live],
+            holders=[Holder(agent_id=h.agent_id, request_id=h.request_id,
+                            token=0 if self.hide_tokens and h.agent_id != request.agent_id else h.token,
+                            mode=h.mode, expires_at_ms=h.expires_at_ms) for h in live],
             decided_at_ms=now_ms, cause=cause,
         ))
 

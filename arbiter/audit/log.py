@@ -4,6 +4,13 @@ Two sources give the same ``Log``: the live topics (``read_log``: read-only, no
 consumer group, nothing committed) and a portable archive (``load_archive``), one
 JSON object per line, decoded, so that a reviewer can read and diff it. Archives are
 how golden histories are kept and how tests tamper with a copy of a log.
+
+Each message keeps its headers (the signature: ``contract.identity``), and the audit
+checks a signature over the message's exact value bytes. Those are the record encoded
+again (``Entry.value_bytes``), which is what the writer sent whenever it used this
+Arbiter's schemas; a message whose bytes differ (an older schema wrote it) keeps its
+own (``Entry.value``), in memory and in the archive. Archives written before headers
+existed read back with none.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic_core import PydanticSerializationError
 
 from contract import MODELS, Cause, ContractError, Record, WorkerStarted, default_codec
+from contract.codec import Codec
+from contract.kafkaauth import kafka_client_options
 from contract.settings import Settings, Topics
 
 ARCHIVE_FORMAT = "arbiter-log/1"
@@ -40,6 +49,19 @@ class Entry:
     """None when the bytes do not decode (the processors dead-letter those)."""
     raw: bytes | None = None
     """The original bytes of a message that does not decode."""
+    headers: tuple[tuple[str, bytes], ...] = ()
+    """The record headers, in order (the signature's ``arbiter-kid``/``-at``/``-sig``)."""
+    value: bytes | None = None
+    """The exact value bytes of a decoded message, kept only when encoding ``record`` again
+    does not give them back (see the module's docstring)."""
+
+    def value_bytes(self, codec: Codec) -> bytes:
+        """The message's value bytes as the broker holds them (what a signature covers)."""
+        if self.value is not None:
+            return self.value
+        if self.record is None:
+            return self.raw or b""
+        return codec.encode(self.record)
 
     @property
     def cause(self) -> Cause:
@@ -145,7 +167,8 @@ async def read_log(settings: Settings, progress: Progress | None = None,
     log = Log(topics, source=f"kafka://{settings.bootstrap}", partition_count=settings.partitions)
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, enable_auto_commit=False,
                                 auto_offset_reset="earliest", isolation_level="read_committed",
-                                max_partition_fetch_bytes=4 * settings.max_message_bytes)
+                                max_partition_fetch_bytes=4 * settings.max_message_bytes,
+                                **kafka_client_options(settings))
     await consumer.start()
     try:
         tps: list[TopicPartition] = [TopicPartition(topic, partition) for topic, partition in only or ()]
@@ -172,7 +195,7 @@ async def read_log(settings: Settings, progress: Progress | None = None,
                         pending.discard(tp)
                         break
                     log.add(_entry(codec, message.topic, message.partition, message.offset, message.timestamp,
-                                   message.key, message.value))
+                                   message.key, message.value, message.headers))
                     done += 1
             for tp in list(pending):
                 if await consumer.position(tp) >= ends[tp]:
@@ -184,13 +207,24 @@ async def read_log(settings: Settings, progress: Progress | None = None,
     return log
 
 
-def _entry(codec: Any, topic: str, partition: int, offset: int, timestamp: int, key: bytes | None,
-           value: bytes | None) -> Entry:
+def _entry(codec: Codec, topic: str, partition: int, offset: int, timestamp: int, key: bytes | None,
+           value: bytes | None, headers: Iterable[tuple[str, bytes | None]] | None = None) -> Entry:
+    kept = tuple((str(name), bytes(data or b"")) for name, data in headers or ())
+    data = bytes(value or b"")
     try:
-        record: Record | None = codec.decode(value or b"")
+        record: Record | None = codec.decode(data)
     except ContractError:
-        return Entry(topic, partition, offset, timestamp, key, None, bytes(value or b""))
-    return Entry(topic, partition, offset, timestamp, key, record)
+        return Entry(topic, partition, offset, timestamp, key, None, data, kept)
+    assert record is not None
+    return Entry(topic, partition, offset, timestamp, key, record, None, kept, _exact(codec, record, data))
+
+
+def _exact(codec: Codec, record: Record, value: bytes) -> bytes | None:
+    """``value`` when encoding ``record`` again does not give it back; else None (nothing to keep)."""
+    try:
+        return None if codec.encode(record) == value else value
+    except ContractError:
+        return value
 
 
 # -- archives ------------------------------------------------------------------------
@@ -207,6 +241,10 @@ def to_line(entry: Entry) -> str:
     else:
         row["type"] = type(entry.record).__name__
         row["record"] = entry.record.model_dump()
+        if entry.value is not None:
+            row["value"] = entry.value
+    if entry.headers:
+        row["headers"] = [[name, data] for name, data in entry.headers]
     return json.dumps(row, sort_keys=True, ensure_ascii=False, default=_bytes_out)
 
 
@@ -244,12 +282,29 @@ def from_line(line: str) -> Entry:
     raw_key = row.get("key")
     key = raw_key if raw_key is None or isinstance(raw_key, bytes) else str(raw_key).encode()
     where = (str(row["topic"]), int(row["partition"]), int(row["offset"]), int(row["ts"]))
+    headers = _headers_in(row.get("headers", []))
     if "raw" in row:
-        return Entry(*where, key, None, base64.b64decode(row["raw"], validate=True))
+        return Entry(*where, key, None, base64.b64decode(row["raw"], validate=True), headers)
     cls = _BY_NAME.get(row.get("type", ""))
     if cls is None:
         raise ValueError(f"unknown record type {row.get('type')!r}")
-    return Entry(*where, key, cls.model_validate(row["record"]))
+    value = row.get("value")
+    if value is not None and not isinstance(value, bytes):
+        raise ValueError("value: expected {\"$bytes\": base64}")
+    return Entry(*where, key, cls.model_validate(row["record"]), None, headers, value)
+
+
+def _headers_in(items: Any) -> tuple[tuple[str, bytes], ...]:
+    """An archive line's headers: ``[[name, {"$bytes": base64}], ...]``."""
+    if not isinstance(items, list):
+        raise ValueError("headers: expected a list of [name, {\"$bytes\": base64}] pairs")
+    headers = []
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
+                and isinstance(item[1], bytes)):
+            raise ValueError(f"headers: expected [name, {{\"$bytes\": base64}}], got {item!r}")
+        headers.append((item[0], item[1]))
+    return tuple(headers)
 
 
 def write_archive(path: Path, log: Log) -> int:

@@ -94,6 +94,52 @@ def test_dead_letters_keep_bytes_that_are_not_utf8() -> None:
     assert from_line(to_line(raw)) == raw
 
 
+header_lists = st.lists(st.tuples(st.text(max_size=12), st.binary(max_size=70)), max_size=4).map(tuple)
+
+
+@given(positions, keys, header_lists, st.none() | st.binary(max_size=40))
+def test_headers_and_exact_value_bytes_round_trip(where: tuple[str, int, int, int], key: bytes | None,
+                                                   headers: tuple[tuple[str, bytes], ...],
+                                                   value: bytes | None) -> None:
+    request = LockRequested(request_id="r1", agent_id="alpha", resource="account:a", mode="exclusive",
+                            ttl_ms=30_000, sent_at_ms=T0)
+    for entry in (Entry(*where, key, request, None, headers, value), Entry(*where, key, None, b"\x00raw", headers)):
+        line = to_line(entry)
+        back = from_line(line)
+        assert back == entry and back.headers == headers
+        assert to_line(back) == line
+
+
+def test_an_archive_line_without_headers_reads_as_before() -> None:
+    """Archives written before messages were signed (the golden histories) have no headers."""
+    request = LockRequested(request_id="r1", agent_id="alpha", resource="account:a", mode="exclusive",
+                            ttl_ms=30_000, sent_at_ms=T0)
+    old = json.dumps({"topic": TOPICS.resource_commands, "partition": 0, "offset": 0, "ts": T0,
+                      "key": "account:a", "type": "LockRequested", "record": request.model_dump()})
+    entry = from_line(old)
+    assert entry.headers == () and entry.value is None and entry.record == request
+    assert "headers" not in to_line(entry) and "value" not in to_line(entry), "unsigned lines stay as they were"
+
+
+def test_value_bytes_are_the_encoded_record_unless_kept() -> None:
+    from contract import default_codec
+
+    codec = default_codec()
+    request = LockRequested(request_id="r1", agent_id="alpha", resource="account:a", mode="exclusive",
+                            ttl_ms=30_000, sent_at_ms=T0)
+    assert Entry(TOPICS.resource_commands, 0, 0, T0, b"k", request).value_bytes(codec) == codec.encode(request)
+    assert Entry(TOPICS.resource_commands, 0, 0, T0, b"k", request, None, (), b"kept").value_bytes(codec) == b"kept"
+    assert Entry(TOPICS.resource_commands, 0, 0, T0, b"k", None, b"raw").value_bytes(codec) == b"raw"
+
+
+@pytest.mark.parametrize("headers", ['{"a": 1}', '[["a"]]', '[[1, {"$bytes": ""}]]', '[["a", "text"]]'])
+def test_bad_headers_name_their_line(headers: str) -> None:
+    line = ('{"topic": "t", "partition": 0, "offset": 0, "ts": 0, "key": null, "raw": "", "headers": '
+            + headers + "}")
+    with pytest.raises(ValueError, match=r"^bad.jsonl:2: .*headers"):
+        parse_archive([_header(), line], "bad.jsonl")
+
+
 def test_a_key_that_looks_like_an_escape_stays_itself() -> None:
     for key in (b"\\xff", "account:\u00e9".encode(), b"\xff", b"", b'{"$bytes": "AA=="}'):
         entry = Entry(TOPICS.resource_commands, 0, 0, T0, key, None, b"x")

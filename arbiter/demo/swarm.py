@@ -85,6 +85,22 @@ class Plan:
         """The shared document's resource name."""
         return f"doc:launch-plan-{self.run}"
 
+    def agents(self) -> dict[str, list[str]]:
+        """Every agent of the plan's stories, with the resource prefixes it may act on (what the
+        demo registers for it: each agent's key is good only for its own story's resources)."""
+        found: dict[str, list[str]] = {}
+        if "refunds" in self.stories:
+            found |= {f"triage-{i + 1}": [f"account:cust_{self.run}_"] for i in range(self.triage_agents)}
+        if "slow" in self.stories:
+            for i in range(self.slow_agents):
+                found |= {f"slow-{i + 1}": [f"account:vip_{self.run}_{i}"],
+                          f"backup-{i + 1}": [f"account:vip_{self.run}_{i}"]}
+        if "ring" in self.stories:
+            found |= {name: [f"repo:services/{name}-{self.run}"] for name in RING}
+        if "document" in self.stories:
+            found |= {f"drafter-{i + 1}": [self.document] for i in range(self.drafters)}
+        return found
+
     def steps(self) -> int:
         """How many units of work the progress bar counts."""
         sizes = {"refunds": self.customers * self.racers_per_ticket, "slow": 2 * self.slow_agents,

@@ -6,6 +6,14 @@ SQLite ledger; given ``--bootstrap`` and ``--ledger-dsn`` it uses those. It stop
 what it started on the way out, Ctrl-C included, and audits the log it wrote (a
 partial one too).
 
+Trust: the demo is secure by default, as a deployment is. It issues each agent of the
+swarm a key of its own (``Registrar.add``, signed by the home's admin key), allowed only
+its story's resources, and hands it to the agent's SDK in memory; the workers issue
+theirs as they start (``arbiter worker``); nothing is enrolled on first use. Mid-run a
+rogue agent, mallory (``arbiter.demo.rogue``), joins with prefixes of her own and attacks
+on the wire; the summary lists each attempt and how it was refused, and one that is not
+refused fails the demo.
+
 The swarm (``arbiter.demo.swarm``) uses only the public SDK. While it runs, a read-only
 consumer of the run's decision topics draws the live view: leases held and queued per
 resource, grants, rejections by reason, deadlocks and compensations, and progress.
@@ -20,6 +28,7 @@ import sys
 import time
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,8 +55,10 @@ from contract import (
     SagaFinished,
     ToolApplied,
     ToolRejected,
+    WaitEdgeAdded,
     default_codec,
 )
+from contract.clock import now_ms
 from contract.kafkaauth import kafka_client_options
 from contract.partitioning import key_for_partition
 from contract.settings import Settings, Topics
@@ -65,6 +76,8 @@ class LiveState:
     counts: Counter[str] = field(default_factory=Counter)
     rejections: Counter[str] = field(default_factory=Counter)
     victims: list[str] = field(default_factory=list)
+    sagas: dict[str, str] = field(default_factory=dict)
+    """Each agent's saga, by the delegation edges it sends (anyone who reads the log sees them)."""
 
     seen: set[tuple[str, str]] = field(default_factory=set)
 
@@ -102,6 +115,14 @@ class LiveState:
             self.counts["compensations"] += 1
         elif isinstance(record, SagaFinished):
             self.counts[f"sagas {record.outcome.lower()}"] += 1
+        elif isinstance(record, WaitEdgeAdded) and record.source == "delegation" and record.saga_id:
+            self.sagas.setdefault(record.waiter, record.saga_id)
+
+    def leases(self, agents: Iterable[str]) -> list[tuple[str, str, int]]:
+        """(agent, resource, token) of each lease one of ``agents`` holds now."""
+        wanted = set(agents)
+        return sorted((agent, resource, token) for resource, held in self.holders.items()
+                      for token, agent in held.items() if agent in wanted)
 
     def lines(self, done: int, total: int, elapsed: float, width: int = 30) -> list[str]:
         """The view, as lines of text."""
@@ -214,9 +235,46 @@ class RunResult:
         }
 
 
+WARMUP = "demo-warmup"
+"""The agent that pings every partition until the workers serve them all (before the swarm starts)."""
+
+
+async def _enroll(settings: Settings, name: str, allow: list[str]) -> Settings:
+    """Issue ``name`` a key allowed ``allow`` and register it (signed by this home's admin key);
+    the settings its SDK client signs with. The key is handed over in memory, as from a secret
+    store: each run registers its agents in a registry of its own, and no key file is left over."""
+    from agents.identities import Registrar
+
+    signer = await Registrar(settings).add(name, allow=allow, keep_key=False)
+    return settings.model_copy(update={"identity": name, "identity_key": signer.private_pem().decode()})
+
+
+async def _enroll_all(settings: Settings, agents: dict[str, list[str]]) -> dict[str, Settings]:
+    return {name: await _enroll(settings, name, allow) for name, allow in agents.items()}
+
+
+def _register_worker_key(settings: Settings) -> None:
+    """The workers' key in this run's registry. ``arbiter worker`` issues (and registers) the key
+    when the home has none; a key an earlier run issued is only in that run's registry."""
+    from agents.identities import Registrar
+    from contract import IdentityRegistered
+    from contract.identity import ACTIVE, ROLE_WORKER, key_file, read_private_key
+
+    name = settings.identity or ROLE_WORKER
+    path = key_file(settings.home, name)
+    if settings.identity_key or not path.exists():
+        return
+    signer = read_private_key(path, name)
+    now = now_ms()
+    asyncio.run(Registrar(settings).publish([IdentityRegistered(
+        key_id=signer.key_id, name=name, role=ROLE_WORKER, public_key=signer.public_raw, status=ACTIVE,
+        valid_from_ms=now, at_ms=now)]))
+
+
 async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: LiveState, screen: Screen) -> Any:
     from agents import ArbiterClient
-    from arbiter.demo.swarm import SafeWorkspace, Tally, run_swarm
+    from arbiter.demo.rogue import Mallory, RogueReport
+    from arbiter.demo.swarm import RING, SafeWorkspace, Tally, run_swarm
     from arbiter.processes import wait_until_served
     from tools.ledger import Ledger
 
@@ -224,25 +282,48 @@ async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: Liv
     ledger.add_accounts(plan.accounts())
     tally = Tally()
     stop = asyncio.Event()
+    agents: dict[str, list[str]] = plan.agents()
     async with contextlib.AsyncExitStack() as stack:
-        warm = await stack.enter_async_context(ArbiterClient("demo-warmup", settings))
+        # Every agent gets a key of its own, good only for its own story's resources; the
+        # workers issue theirs as they start, meanwhile.
+        warm = await stack.enter_async_context(ArbiterClient(WARMUP, await _enroll(settings, WARMUP, ["probe:"])))
         keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
-        await wait_until_served(warm, pool, keys, timeout=120)
+        enrolling, serving = await asyncio.gather(_enroll_all(settings, agents),
+                                                  wait_until_served(warm, pool, keys, timeout=120),
+                                                  return_exceptions=True)  # both end before either is raised
+        for failed in (serving, enrolling):
+            if isinstance(failed, BaseException):
+                raise failed
+        enrolled: dict[str, Settings] = enrolling  # type: ignore[assignment]
+        loop = asyncio.get_running_loop()
+        opened: dict[str, asyncio.Future[ArbiterClient]] = {name: loop.create_future() for name in agents}
 
         async def workspace(agent_id: str) -> SafeWorkspace:
-            client = await stack.enter_async_context(ArbiterClient(agent_id, settings))
+            client = await stack.enter_async_context(ArbiterClient(agent_id, enrolled[agent_id]))
+            opened[agent_id].set_result(client)
             return SafeWorkspace(client, ledger)
+
+        async def client_of(agent_id: str) -> ArbiterClient:
+            return await asyncio.shield(opened[agent_id])
+
+        account = f"account:cust_{plan.run}_0"
+        mallory = Mallory(settings, client_of, held=lambda: live.leases(agents), sagas=lambda: dict(live.sagas),
+                          outside=account, fallback=("triage-1", account, 1), ring_victim=RING[0])
+
+        async def swarm_and_rogue() -> RogueReport:
+            _, report = await asyncio.gather(run_swarm(plan, workspace, tally), mallory.run())
+            return report
 
         caught_up = asyncio.Event()
         follower = asyncio.create_task(follow(settings, live, stop, caught_up))
-        swarm = asyncio.create_task(run_swarm(plan, workspace, tally))
+        swarm = asyncio.create_task(swarm_and_rogue())
         started = time.monotonic()
         try:
             while not swarm.done():
                 pool.check_alive()
                 screen.draw(live.lines(tally.done, plan.steps(), time.monotonic() - started))
                 await asyncio.wait({swarm}, timeout=0.25)
-            await swarm
+            rogue = await swarm
             # Every agent has had its answers, so their decisions are in the log: the view
             # reads up to the decision topics' end offsets as of now (a bug in it is raised).
             caught_up.set()
@@ -255,7 +336,7 @@ async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: Liv
             stop.set()
             swarm.cancel()
             await asyncio.gather(swarm, follower, return_exceptions=True)
-    return tally, ledger
+    return tally, ledger, rogue
 
 
 async def _unsafe_swarm(plan: Any, ledger_path: Path) -> Any:
@@ -323,13 +404,25 @@ def _print_invariants(result: RunResult) -> None:
                 f"double refunds {len(inv['double_refunds'])}", fg="green" if ok else "red")
 
 
+def _print_rogue(report: Any) -> None:
+    head, *rows = report.lines()
+    click.secho(head, fg="green" if report.ok else "red", bold=not report.ok)
+    for row in rows:
+        click.secho(row, fg=None if " -> NOT REFUSED" not in row and "UNEXPECTED" not in row else "red")
+    if not report.ok:
+        click.secho(f"SECURITY: the rogue agent {report.agent} was not refused as she should have been "
+                    f"({report.failed} of {len(report.attempts)} attempts got through "
+                    "or were refused for the wrong reason): the trust boundary is broken", fg="red", bold=True)
+
+
 def run_settings(settings: Settings, run: str, ledger_dsn: str | None) -> Settings:
-    """This run's topics, consumer group and ledger."""
+    """This run's topics (its own registry among them), consumer group and ledger. Its agents are
+    enrolled by the demo itself, never on first use (``auto_enroll`` is off)."""
     topics = Topics(**{name: f"arbiter.demo.{run}.{name}" for name in Topics.model_fields})
     folder = settings.home / "demo" / run
     folder.mkdir(parents=True, exist_ok=True)
     return settings.model_copy(update={
-        "topics": topics, "app_id": f"arbiter-demo-{run}",
+        "topics": topics, "app_id": f"arbiter-demo-{run}", "auto_enroll": False,
         "ledger_dsn": ledger_dsn or str((folder / "ledger.sqlite3").resolve()),
     })
 
@@ -418,6 +511,7 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
                 click.echo("workers stopped")
 
         stack.callback(stop_workers)
+        _register_worker_key(settings)
         pool.start(workers)
         plan = new_plan()
         click.echo(f"started {workers} worker(s); the swarm: {plan.triage_agents} triage agents on "
@@ -426,7 +520,7 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
         live, screen = LiveState(), Screen()
         interrupted = False
         try:
-            tally, ledger = asyncio.run(_safe_swarm(settings, plan, pool, live, screen))
+            tally, ledger, rogue = asyncio.run(_safe_swarm(settings, plan, pool, live, screen))
         except KeyboardInterrupt:
             interrupted = True
             click.echo("\ninterrupted: stopping the swarm; auditing the partial log")
@@ -443,6 +537,7 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
             ledger.close()
             _print_safe(safe)
             _print_invariants(safe)
+            _print_rogue(rogue)
             if unsafe_result is not None:
                 _print_side_by_side(unsafe_result, safe)
         stats = report["stats"]
@@ -456,5 +551,5 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
         click.echo(f"log archive: {html.with_name('log.jsonl')} (arbiter audit --log ... to audit it again)")
     if interrupted:
         sys.exit(130)
-    if not verdict:
+    if not verdict or not rogue.ok:
         sys.exit(1)

@@ -108,6 +108,11 @@ class ArbiterClient:
         self._sagas: dict[str, Saga] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
+    @property
+    def forged_messages(self) -> int:
+        """Inbox messages for this agent that no worker signed: dropped, never acted on (each is logged)."""
+        return self._transport.forged
+
     async def __aenter__(self) -> ArbiterClient:
         await self.start()
         return self

@@ -43,9 +43,12 @@ class RegistryFeed:
                                     fetch_max_wait_ms=100, isolation_level="read_committed", **self._kafka)
         await consumer.start()
         self._consumer = consumer
-        # The topic's own partitions, from the cluster (what ``consumer.topics()`` reads, kept whole).
-        cluster = await consumer._client.fetch_all_metadata()
-        partitions = cluster.partitions_for_topic(self.topic)
+        # The topic's own partitions: a metadata request for this one topic (not the whole
+        # cluster's, which is large on a broker with many topics).
+        client = consumer._client
+        await client.add_topic(self.topic)
+        await client.force_metadata_update()
+        partitions = client.cluster.partitions_for_topic(self.topic)
         if not partitions:
             await consumer.stop()
             self._consumer = None

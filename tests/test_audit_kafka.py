@@ -126,7 +126,11 @@ def recording(bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
     grants = [r for r in _events(rows, "LockGranted") if r["record"]["resource"] == "account:a"]
     alpha = next(r for r in grants if r["record"]["agent_id"] == "alpha")
     beta = next(r for r in grants if r["record"]["agent_id"] == "beta")
-    yield Recording(settings, archive, alpha["record"]["token"], beta["record"]["token"])
+    with pytest.MonkeyPatch.context() as env:
+        # The run's signatures check out only against its own admin key (the trust anchor), which
+        # the audit takes from the environment, as an auditor away from the admin's home would.
+        env.setenv("ARBITER_ADMIN_PUBLIC_KEYS", (home / "keys" / "admin.pub").read_text().strip())
+        yield Recording(settings, archive, alpha["record"]["token"], beta["record"]["token"])
 
 
 # -- archive editing -------------------------------------------------------------------------

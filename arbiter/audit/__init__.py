@@ -4,12 +4,16 @@
 code (``replay``), compares the re-derived decisions with the recorded ones, runs
 the independent invariant checks (``checks``) and returns one JSON-friendly report,
 which the terminal summary, ``--json`` and the HTML page (``html``) all render.
+
+A log whose workers verified signatures needs the admin public keys (the trust
+anchors: ``ARBITER_ADMIN_PUBLIC_KEYS`` or ``<home>/keys/admin.pub``), never read from
+the log; without them ``audit`` raises ``TrustAnchorsMissing``, saying what to set.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from contract import (
@@ -33,6 +37,7 @@ from contract.settings import Settings
 from .checks import (
     CHECKS,
     Findings,
+    check_authenticated,
     check_cycles,
     check_determinism,
     check_leases_and_writes,
@@ -41,9 +46,9 @@ from .checks import (
     summarize,
 )
 from .log import Log, identity
-from .replay import gc_paused, rederive, rules_of
+from .replay import TrustAnchorsMissing, gc_paused, rederive, rules_of, trust_anchors, verifies
 
-__all__ = ["audit", "timeline"]
+__all__ = ["TrustAnchorsMissing", "audit", "timeline"]
 
 
 async def audit(log: Log, settings: Settings, *, complete: bool = True,
@@ -69,6 +74,9 @@ async def _audit(log: Log, settings: Settings, complete: bool,
     stats: dict[str, int] = {"messages": len(log)}
     stats |= check_determinism(log, settings, decided, findings)
     del decided, _engine
+    authenticated, human_actions = check_authenticated(
+        log, settings, trust_anchors(settings) if verifies(log, settings) else [], findings)
+    stats |= authenticated
     stats |= check_leases_and_writes(log, settings, findings)
     stats |= check_outcomes(log, settings, findings)
     stats |= check_sagas(log, settings, findings)
@@ -93,12 +101,19 @@ async def _audit(log: Log, settings: Settings, complete: bool,
                   else "not in the log: this auditor's settings", **rules.to_dict()},
         "timing": {"replay_s": round(replayed - started, 4), "checks_s": round(checked - replayed, 4)},
         "findings": [f.to_dict() for f in ordered],
-        "timeline": timeline(log, settings),
+        "signatures": "verified against the admin public keys" if verifies(log, settings)
+                      else "not checked: the log's workers did not verify signatures",
+        "human_actions": human_actions,
+        "timeline": timeline(log, settings, findings.forged),
     }
 
 
-def timeline(log: Log, settings: Settings) -> dict[str, Any]:
-    """Leases, waits, writes and rejections per resource, deadlocks and sagas, for the HTML page."""
+def timeline(log: Log, settings: Settings, forged: Collection[str] = frozenset()) -> dict[str, Any]:
+    """Leases, waits, writes and rejections per resource, deadlocks and sagas, for the HTML page.
+
+    ``forged``: positions of recorded decisions no worker made (unsigned, signed by someone else,
+    or decided by no input): not drawn as if they had happened; ``skipped_forged`` counts them.
+    """
     start, end = log.span_ms()
     resources: dict[str, dict[str, Any]] = {}
     open_leases: dict[tuple[str, int], dict[str, Any]] = {}
@@ -112,9 +127,13 @@ def timeline(log: Log, settings: Settings) -> dict[str, Any]:
         return found
 
     seen: set[tuple[str, str]] = set()
+    skipped = 0
     for entry in log.of(settings.topics.resource_events):
         e = entry.record
         if e is None:
+            continue
+        if forged and entry.where in forged:
+            skipped += 1
             continue
         ident = identity(e)
         if ident in seen:
@@ -148,9 +167,10 @@ def timeline(log: Log, settings: Settings) -> dict[str, Any]:
                                                    "reason": e.reason, "token": token, "where": entry.where})
     deadlocks = [{"at_ms": e.record.decided_at_ms, "victim": e.record.victim, "cycle": list(e.record.cycle),
                   "where": e.where}
-                 for e in log.of(settings.topics.wait_edges) if isinstance(e.record, DeadlockDetected)]
+                 for e in log.of(settings.topics.wait_edges)
+                 if isinstance(e.record, DeadlockDetected) and e.where not in forged]
     return {"start_ms": start, "end_ms": end, "resources": [resources[r] for r in sorted(resources)],
-            "deadlocks": deadlocks, "sagas": _sagas(log, settings, end)}
+            "deadlocks": deadlocks, "sagas": _sagas(log, settings, end, forged), "skipped_forged": skipped}
 
 
 def _close(item: dict[str, Any] | None, at_ms: int, how: str) -> None:
@@ -163,7 +183,7 @@ def _intent_token(log: Log, event: ToolRejected) -> int | None:
     return getattr(found.record, "token", None) if found is not None else None
 
 
-def _sagas(log: Log, settings: Settings, end: int) -> list[dict[str, Any]]:
+def _sagas(log: Log, settings: Settings, end: int, forged: Collection[str]) -> list[dict[str, Any]]:
     sagas: dict[str, dict[str, Any]] = {}
     for entry in log.of(settings.topics.saga_commands):
         r = entry.record
@@ -174,6 +194,8 @@ def _sagas(log: Log, settings: Settings, end: int) -> list[dict[str, Any]]:
             if r.status != "saga_completed":
                 saga["steps"].add(r.step)
     for entry in log.of(settings.topics.saga_events):
+        if forged and entry.where in forged:
+            continue
         r = entry.record
         found = sagas.get(getattr(r, "saga_id", ""))
         if found is None:

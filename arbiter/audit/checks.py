@@ -8,6 +8,11 @@ Two kinds of check:
   processors, so a bug in a decision core cannot hide itself, and a forged or edited
   decision in the log is caught even where it is self-consistent.
 
+- **authenticated** checks every message's signature (``contract.identity``) against
+  the registry the admin signed and the admin public keys this auditor trusts, and who
+  may write where: decisions only by workers, commands by an identity allowed to send
+  them (or else refused by the workers), registry records only by an admin.
+
 Every finding names the log positions (``topic[partition]@offset``) that prove it.
 A finding is a ``violation`` (a rule was broken) or ``open`` (unfinished work at the
 end of the log: a saga still running, a request still queued; a violation only when
@@ -22,8 +27,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from contract import (
+    CompensationRequested,
+    ContractError,
     DeadLetter,
     DeadlockDetected,
+    IdentityRegistered,
     LockCancelled,
     LockDenied,
     LockExpired,
@@ -32,6 +40,7 @@ from contract import (
     LockReleased,
     LockRequested,
     LockRevoked,
+    LockRevokeRequested,
     LockWaitTimedOut,
     Record,
     SagaFinished,
@@ -42,10 +51,14 @@ from contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
+from contract.codec import default_codec
+from contract.identity import ROLE_ADMIN, ROLE_WORKER, Refused, Registry, Verified
+from contract.reasons import Reason
 from contract.settings import Settings
+from cores.trust import authorize
 
 from .log import Entry, Log, identity
-from .replay import DEAD_LETTER, Output, from_outside
+from .replay import DEAD_LETTER, NO_ANCHORS, Output, from_outside, verifies
 
 CHECKS: dict[str, str] = {
     "determinism": "re-derived decisions equal the recorded ones",
@@ -56,6 +69,7 @@ CHECKS: dict[str, str] = {
     "sagas_finished": "every saga ended COMPLETED or COMPENSATED",
     "cycles_resolved": "every wait-for cycle was resolved by a detection",
     "one_outcome": "every command got exactly one final outcome",
+    "authenticated": "every message is signed by an identity allowed to write it (or was refused)",
 }
 
 
@@ -371,8 +385,15 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
     asked: set[tuple[str, str]] = set()
     asked_intents: set[tuple[str, str]] = set()
     stats = {"acquires": 0, "intents": 0}
+    # A command the trust gate refused was never decided: its answer (a denial naming the reason)
+    # went to the inbox of the agent it claims to be from, and ``authenticated`` accounts for it.
+    refused = {(e.record.source.topic, e.record.source.partition, e.record.source.offset)
+               for e in log.of(topics.dead_letter)
+               if isinstance(e.record, DeadLetter) and e.record.reason in _REFUSALS}
     for entry in log.of(topics.resource_commands):
         c = entry.record
+        if refused and (entry.topic, entry.partition, entry.offset) in refused:
+            continue
         if isinstance(c, LockRequested) and entry.key == c.resource.encode():
             ident = c.resource, c.request_id
             if ident in asked:
@@ -535,3 +556,137 @@ def summarize(findings: Findings) -> dict[str, dict[str, int]]:
         table[f.check]["violations" if f.severity == "violation" else "open"] += 1
     return table
 
+
+
+# -- authenticated ---------------------------------------------------------------------------
+
+_REFUSALS = frozenset({str(Reason.UNAUTHENTICATED), str(Reason.FORBIDDEN)})
+_OVERRIDES = (LockRevokeRequested, CompensationRequested)
+
+
+def check_authenticated(log: Log, settings: Settings, anchors: list[bytes],
+                        findings: Findings) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Every message signed by an identity allowed to write it; and the operators' overrides.
+
+    Only for a log whose workers verified signatures (``replay.verifies``). Signatures are
+    checked against the whole registry (a key's end still counts from its ``ended_at_ms``)
+    rooted in ``anchors``, the admin public keys this auditor trusts. Decisions must be a
+    worker's; a command that is unsigned, forged or forbidden to its signer is fine only if the
+    workers refused it (a dead letter with reason unauthenticated or forbidden). A decision
+    that fails is added to ``findings.forged``, so the invariant checks do not fold it in.
+    Returns the figures and the human actions: admin-signed overrides, who, what, why, where.
+    """
+    if not verifies(log, settings):
+        return {}, []
+    if not anchors:
+        findings.add("authenticated", NO_ANCHORS, [])
+        return {}, []
+    t = settings.topics
+    codec = default_codec(settings.max_message_bytes)
+    stats = {"signatures_verified": 0, "registry_records": 0, "refused_commands": 0}
+    registry = Registry(anchors)
+    for entry in log.of(t.registry):
+        stats["registry_records"] += 1
+        value = entry.value_bytes(codec)
+        record = entry.record
+        if isinstance(record, IdentityRegistered):
+            refusal = registry.apply(entry.topic, entry.key, value, entry.headers, record)
+            if refusal is not None:
+                findings.add("authenticated", f"registry record of {record.name!r} ({record.role}) is not the "
+                             f"admin's: {refusal.detail}", [entry], at_ms=entry.timestamp_ms)
+                continue
+        else:
+            signer = registry.verify(entry.topic, entry.key, value, entry.headers, entry.timestamp_ms)
+            if isinstance(signer, Refused) or signer.role != ROLE_ADMIN:
+                findings.add("authenticated", "a registry message that is not an identity record (a tombstone, or "
+                             "bytes that do not decode) is not signed by an admin key", [entry],
+                             at_ms=entry.timestamp_ms)
+                continue
+        stats["signatures_verified"] += 1
+
+    refused: dict[tuple[str, int, int], set[str]] = defaultdict(set)
+    reached: dict[tuple[str, int], int] = {}
+    caused: dict[tuple[str, int, int], list[str]] = defaultdict(list)
+    for entry in log.of(t.dead_letter):
+        if isinstance(letter := entry.record, DeadLetter):
+            source = letter.source.topic, letter.source.partition, letter.source.offset
+            refused[source].add(letter.reason)
+            reached[source[:2]] = max(reached.get(source[:2], -1), source[2])
+    for topic in (t.resource_events, t.saga_events, t.wait_edges):
+        for entry in log.of(topic):
+            cause = _cause_of(entry.record) if entry.record is not None else None
+            if cause is not None:
+                reached[cause[:2]] = max(reached.get(cause[:2], -1), cause[2])
+                caused[cause].append(type(entry.record).__name__)
+
+    decisions = {t.resource_events, t.agent_inbox, t.saga_events, t.dead_letter, t.workers, t.operator}
+    commands = {t.resource_commands, t.saga_commands, t.wait_edges}
+    actions: list[dict[str, Any]] = []
+    for (topic, _partition), entries in sorted(log.partitions.items()):
+        if topic not in decisions and topic not in commands:
+            continue
+        for entry in entries:
+            record = entry.record
+            kind = type(record).__name__ if record is not None else "a message that does not decode"
+            try:
+                value = entry.value_bytes(codec)
+            except ContractError as exc:
+                findings.add("authenticated", f"{kind} cannot be encoded again to check its signature: {exc}",
+                             [entry], at_ms=entry.timestamp_ms)
+                continue
+            signer = registry.verify(entry.topic, entry.key, value, entry.headers, entry.timestamp_ms)
+            problem: str | None
+            if topic in decisions or isinstance(record, DeadlockDetected):
+                problem = signer.detail if isinstance(signer, Refused) else (
+                    None if signer.role == ROLE_WORKER else
+                    f"it is signed by {signer.name!r} (role {signer.role}), and only workers write decisions")
+                if problem is None:
+                    stats["signatures_verified"] += 1
+                    continue
+                findings.forged.add(entry.where)
+                findings.add("authenticated", f"{kind} on {topic} is not a worker's decision: {problem}", [entry],
+                             resource=_resource_of(record), at_ms=entry.timestamp_ms)
+                continue
+            if record is None:
+                continue  # the workers dead-letter bytes that do not decode before they look at a signature
+            if isinstance(signer, Refused):
+                problem = signer.detail
+            else:
+                why = authorize(signer.identity, record)
+                problem = why[1] if why is not None else None
+            if problem is None:
+                stats["signatures_verified"] += 1
+                if isinstance(signer, Verified) and signer.role == ROLE_ADMIN and isinstance(record, _OVERRIDES):
+                    actions.append(_human_action(entry, record, signer.name,
+                                                 caused.get((entry.topic, entry.partition, entry.offset), [])))
+                continue
+            position = entry.topic, entry.partition, entry.offset
+            if refused.get(position, set()) & _REFUSALS:
+                stats["refused_commands"] += 1
+                continue
+            pending = entry.offset > reached.get((entry.topic, entry.partition), -1)
+            findings.add("authenticated", f"{kind} should have been refused ({problem}), and no worker refused it "
+                         "(no dead letter with reason unauthenticated or forbidden)"
+                         + (": not yet processed when the log was read" if pending else ""), [entry],
+                         open_=pending, resource=_resource_of(record), at_ms=entry.timestamp_ms)
+    stats["human_actions"] = len(actions)
+    return stats, actions
+
+
+def _resource_of(record: Record | None) -> str | None:
+    resource = getattr(record, "resource", None)
+    return resource if isinstance(resource, str) else None
+
+
+def _human_action(entry: Entry, record: LockRevokeRequested | CompensationRequested, who: str,
+                  outcome: list[str]) -> dict[str, Any]:
+    """One operator's override, as the report lists it."""
+    if isinstance(record, LockRevokeRequested):
+        what = f"force-release {record.agent_id}'s lease on {record.resource}" + (
+            f" (token {record.token})" if record.token is not None else "")
+        target = {"resource": record.resource, "agent_id": record.agent_id}
+    else:
+        what = f"abort saga {record.saga_id}"
+        target = {"saga_id": record.saga_id}
+    return {"who": who, "action": type(record).__name__, "what": what, "reason": record.reason,
+            "where": entry.where, "at_ms": entry.timestamp_ms, "outcome": outcome, **target}

@@ -82,12 +82,16 @@ _archive_option = click.option("--log", "archive", type=click.Path(path_type=Pat
 @click.pass_context
 def audit(ctx: click.Context, archive: Path | None, as_json: bool, html_path: Path | None, partial: bool) -> None:
     """Replay the whole log and check every safety rule. Exit 1 on any violation."""
+    from . import TrustAnchorsMissing
     from . import audit as run_audit
 
     settings = _settings_for(ctx)
     log = load_log(settings, archive, quiet=as_json)
     settings = _settings_for(ctx, log)
-    report = asyncio.run(run_audit(log, settings, complete=not partial))
+    try:
+        report = asyncio.run(run_audit(log, settings, complete=not partial))
+    except TrustAnchorsMissing as exc:
+        _fail(str(exc))
     if html_path is not None:
         from .html import render
 
@@ -111,6 +115,16 @@ def print_summary(report: dict[str, Any], html_path: Path | None = None, limit: 
                f"{stats.get('rejected_writes', 0)}, expiries {stats.get('expiries', 0)}, deadlocks "
                f"{stats.get('deadlocks', 0)}, sagas {stats.get('sagas', 0)} "
                f"({stats.get('sagas_compensated', 0)} compensated)")
+    if "signatures_verified" in stats:
+        click.echo(f"  signatures verified {stats['signatures_verified']}, commands refused by the workers "
+                   f"{stats.get('refused_commands', 0)}, registry records {stats.get('registry_records', 0)}")
+    elif report.get("signatures"):
+        click.echo(f"  signatures {report['signatures']}")
+    actions = report.get("human_actions") or []
+    if actions:
+        click.echo(f"  human actions (operator overrides): {len(actions)}")
+        for action in actions[:limit]:
+            click.echo(f"    {action['who']}: {action['what']}, because {action['reason']!r} at {action['where']}")
     for name, row in report["checks"].items():
         ok = row["violations"] == 0
         mark = click.style("ok  " if ok else "FAIL", fg="green" if ok else "red", bold=not ok)
@@ -140,7 +154,7 @@ def print_summary(report: dict[str, Any], html_path: Path | None = None, limit: 
 @click.pass_context
 def replay(ctx: click.Context, archive: Path | None, at: str | None, policy: str | None) -> None:
     """Time travel (--at) and what-if (--policy) over the recorded log. Prints JSON."""
-    from .replay import Moment, Policy, parse_moment, state_at
+    from .replay import Moment, Policy, TrustAnchorsMissing, parse_moment, state_at
 
     if (at is None) == (policy is None):
         _fail("give exactly one of --at or --policy")
@@ -158,12 +172,20 @@ def replay(ctx: click.Context, archive: Path | None, at: str | None, policy: str
             moment: Moment = parse_moment(at, log)
         except ValueError as exc:
             _fail(str(exc))
-        click.echo(json.dumps(asyncio.run(state_at(log, settings, moment)), sort_keys=True, indent=2))
+        try:
+            state = asyncio.run(state_at(log, settings, moment))
+        except TrustAnchorsMissing as exc:
+            _fail(str(exc))
+        click.echo(json.dumps(state, sort_keys=True, indent=2))
         return
     assert parsed_policy is not None
     from .whatif import compare
 
-    click.echo(json.dumps(asyncio.run(compare(log, settings, parsed_policy)), sort_keys=True, indent=2))
+    try:
+        compared = asyncio.run(compare(log, settings, parsed_policy))
+    except TrustAnchorsMissing as exc:
+        _fail(str(exc))
+    click.echo(json.dumps(compared, sort_keys=True, indent=2))
 
 
 @click.group("log")

@@ -407,6 +407,7 @@ def render(report: dict[str, Any]) -> str:
         "<noscript><p class=\"none\">The timeline is drawn by JavaScript; "
         "the rest of the page reads without.</p></noscript>\n",
         _findings(report.get("findings", []), (report.get("timeline") or {}).get("start_ms")),
+        _human_actions(report.get("human_actions") or [], (report.get("timeline") or {}).get("start_ms")),
         _stats(report.get("stats", {})),
         f"<script type=\"application/json\" id=\"audit-data\">{_embed(report)}</script>\n",
         f"<script>{_SCRIPT}</script>\n</body>\n</html>\n",
@@ -445,6 +446,8 @@ def _figures(report: dict[str, Any]) -> str:
         _figure("deadlocks", f"{len(timeline.get('deadlocks', [])):,}"),
         _figure("sagas", f"{len(timeline.get('sagas', [])):,}"),
     ]
+    if report.get("human_actions"):
+        cells.append(_figure("human actions", f"{len(report['human_actions']):,}"))
     return f"<dl class=\"figures\">{''.join(cells)}</dl>\n"
 
 
@@ -500,6 +503,25 @@ def _finding(finding: dict[str, Any], origin: int | None) -> str:
             f"<span class=\"meta\">{' &middot; '.join(meta)}</span></div>"
             f"<p class=\"msg\">{escape(str(finding.get('message', '')))}</p>"
             f"<ul class=\"where\">{where}</ul></li>")
+
+
+def _human_actions(actions: list[dict[str, Any]], origin: int | None) -> str:
+    """The operators' overrides (admin-signed revocations and saga aborts): who, what, why, where."""
+    if not actions:
+        return ""
+    rows = []
+    for action in actions:
+        at_ms = action.get("at_ms")
+        when = ""
+        if isinstance(at_ms, int):
+            when = (f"+{(at_ms - origin) / 1000:.3f} s, " if origin is not None else "") + _utc(at_ms)
+        outcome = ", ".join(str(o) for o in action.get("outcome") or []) or "no decision recorded"
+        rows.append(f"<tr><td>{escape(str(action.get('who', '')))}</td><td>{escape(str(action.get('what', '')))}"
+                    f"</td><td>{escape(str(action.get('reason', '')))}</td><td>{escape(outcome)}</td>"
+                    f"<td>{escape(when)}</td><td><code>{escape(str(action.get('where', '')))}</code></td></tr>")
+    head = "<tr><th>who</th><th>what</th><th>reason</th><th>outcome</th><th>when</th><th>where</th></tr>"
+    return (f"<h2>Human actions ({len(actions)})</h2>\n<p class=\"none\">Operator overrides, signed with an admin "
+            f"key.</p>\n<table class=\"human-actions\">{head}{''.join(rows)}</table>\n")
 
 
 def _stats(stats: dict[str, int]) -> str:

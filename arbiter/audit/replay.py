@@ -12,6 +12,12 @@ outcome the log recorded for it.
 - ``what_if``: re-run the commands that came from outside (agents) under other rules,
   routing the processors' own commands (revocations, compensations) between them
   in time order, and measure what differs.
+
+A log decided with signature verification on (its rules say ``verify_signatures``) is
+replayed through the workers' own trust gate (``shells.trust.Gate``): each input is
+admitted or refused by the registry as it stood when the broker appended the input
+(``ReplayTrust``), against the admin public keys this auditor trusts, never keys read
+from the log.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 from contract import (
     CompensationRequested,
     DeadlockDetected,
+    IdentityRegistered,
     LockRequested,
     LockRevokeRequested,
     LockTick,
@@ -38,13 +45,16 @@ from contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
+from contract.codec import Codec, default_codec
+from contract.identity import IdentityError, Refused, Registry, anchors_for
 from contract.partitioning import partition_for
 from contract.settings import Settings
 from cores.gateway import ContentState, ToolOutcome
 from cores.leases import LeaseBook
 from cores.saga import COMPENSATED, COMPLETED, Saga
 from cores.waitgraph import VictimPolicy, WaitGraph
-from shells import DictGraphStore, Rules, Shells, build_shells
+from shells import DictGraphStore, Routes, Rules, Shells, build_shells
+from shells.trust import Admitted, Gate, refusal_answers
 
 from .log import Entry, Log
 
@@ -114,6 +124,84 @@ def rules_of(log: Log, settings: Settings) -> tuple[Rules, list[str]]:
     return parsed[0], problems
 
 
+class TrustAnchorsMissing(RuntimeError):
+    """A log decided with signature verification, and no admin public key to check it against."""
+
+
+SET_ANCHORS = ("set ARBITER_ADMIN_PUBLIC_KEYS to the admin public key(s) (base64, the text of the admin's "
+               "keys/admin.pub) or point ARBITER_HOME at the admin's home")
+NO_ANCHORS = ("this log was decided with signature verification on (its workers' rules say verify_signatures), "
+              f"and this audit has no trust anchor to check the signatures against: {SET_ANCHORS}")
+
+
+def verifies(log: Log, settings: Settings) -> bool:
+    """Whether the log's workers ran every input through the trust gate (the rules they announced
+    say so; a log with no announced rules was not decided by a worker that said it verified)."""
+    return bool(log.announced_rules()) and rules_of(log, settings)[0].verify_signatures
+
+
+def trust_anchors(settings: Settings) -> list[bytes]:
+    """The admin public keys this auditor trusts (``ARBITER_ADMIN_PUBLIC_KEYS``, else
+    ``<home>/keys/admin.pub``); ``TrustAnchorsMissing`` when they cannot be read."""
+    try:
+        return anchors_for(settings.home, settings.admin_public_keys)
+    except IdentityError as exc:
+        raise TrustAnchorsMissing(f"the admin public keys cannot be read: {exc}") from None
+
+
+class ReplayTrust:
+    """The workers' trust gate over the log's registry topic, as it stood at each input.
+
+    Before an input is decided, every registry record in effect by the input's append time
+    is applied (``Registry.apply`` checks the admin's signature); inputs come partition by
+    partition, so time runs backwards between partitions, and then the registry is built
+    again from the start (its records are few). A record is in effect from its append time,
+    or from its ``valid_from_ms`` if that is earlier: compaction may have removed a key's
+    first record and kept only a later one (rotated, revoked), which still says from when
+    the key was good.
+    """
+
+    def __init__(self, log: Log, settings: Settings, anchors: list[bytes], routes: Routes) -> None:
+        self.anchors = anchors
+        self.routes = routes
+        self.codec: Codec = default_codec(settings.max_message_bytes)
+        timed = [(min(e.timestamp_ms, e.record.valid_from_ms), e) for e in log.of(settings.topics.registry)
+                 if isinstance(e.record, IdentityRegistered)]
+        timed.sort(key=lambda pair: pair[0])  # stable: log order among equal times
+        self._timed = timed
+        self._next = 0
+        self.registry = Registry(anchors)
+        self.gate = Gate(self.registry)
+
+    @classmethod
+    def of(cls, log: Log, settings: Settings, rules: Rules) -> ReplayTrust | None:
+        """The gate ``log`` was decided with (None: its workers did not verify signatures)."""
+        if not verifies(log, settings):
+            return None
+        anchors = trust_anchors(settings)
+        if not anchors:
+            raise TrustAnchorsMissing(NO_ANCHORS)
+        return cls(log, settings, anchors, Routes.of(settings.topics, rules.graph_key))
+
+    def _registry_at(self, at_ms: int) -> None:
+        if self._next and self._timed[self._next - 1][0] > at_ms:
+            self.registry = Registry(self.anchors)  # back in time: build it again
+            self.gate = Gate(self.registry)
+            self._next = 0
+        while self._next < len(self._timed) and self._timed[self._next][0] <= at_ms:
+            entry = self._timed[self._next][1]
+            assert isinstance(entry.record, IdentityRegistered)
+            self.registry.apply(entry.topic, entry.key, entry.value_bytes(self.codec), entry.headers, entry.record)
+            self._next += 1
+
+    def admit(self, entry: Entry) -> Admitted | Refused:
+        """The gate's verdict on one input, as the workers reached it."""
+        assert entry.record is not None
+        self._registry_at(entry.timestamp_ms)
+        return self.gate.admit(entry.topic, entry.key, entry.value_bytes(self.codec), entry.headers, entry.record,
+                               entry.timestamp_ms)
+
+
 @dataclass(repr=False)
 class Engine:
     """The processors' state and decisions, without Kafka: the worker's shells over dicts."""
@@ -124,6 +212,8 @@ class Engine:
     """The rules to decide by (default: ``settings``')."""
     victim_policy: VictimPolicy | None = None
     """Overrides the rules' victim policy (what-if)."""
+    trust: ReplayTrust | None = None
+    """The trust gate every input passes first (None: the log's workers did not verify)."""
     books: dict[bytes, LeaseBook] = field(default_factory=dict)
     contents: dict[bytes, ContentState] = field(default_factory=dict)
     graphs: dict[bytes, WaitGraph] = field(default_factory=dict)
@@ -147,16 +237,25 @@ class Engine:
     async def _send(self, topic: str, key: bytes, record: Record) -> None:
         self._out.append((topic, key, record))
 
-    async def decide(self, entry: Entry) -> list[Output]:
-        """What the worker sends for one input message (an input topic's message)."""
+    async def decide(self, entry: Entry, trusted: bool = False) -> list[Output]:
+        """What the worker sends for one input message (an input topic's message). ``trusted``:
+        skip the trust gate (a what-if routes the processors' own commands unsigned)."""
         self._out = []
         shell = self.shells.for_topic(entry.topic)
         if shell is None:
             return self._out
         if entry.record is None:
             return [(DEAD_LETTER, entry.key or b"", _NOTHING)]
+        sender: Admitted = None
+        if self.trust is not None and not trusted:
+            admitted = self.trust.admit(entry)
+            if isinstance(admitted, Refused):
+                # As the worker: the agent it names is told (where the input has an answer), no state changes.
+                answers = refusal_answers(entry.record, admitted, self.trust.routes, entry.timestamp_ms, entry.cause)
+                return [*answers, (DEAD_LETTER, entry.key or b"", _NOTHING)]
+            sender = admitted
         try:
-            problem = await shell.handle(entry.key, entry.record, entry.timestamp_ms, entry.cause)
+            problem = await shell.handle(entry.key, entry.record, entry.timestamp_ms, entry.cause, sender=sender)
         except Exception:
             # The worker quarantines such an input (processor_failed, nothing sent): so does the replay.
             self._out = []
@@ -196,6 +295,14 @@ def gc_paused() -> Iterator[None]:
         gc.enable()
 
 
+def new_engine(log: Log, settings: Settings, *, simulated: bool = False,
+               victim_policy: VictimPolicy | None = None) -> Engine:
+    """An engine that decides as the log's workers did: their rules, their trust gate."""
+    rules = rules_of(log, settings)[0]
+    return Engine(settings, RecordedTools(log, simulated=simulated), rules, victim_policy=victim_policy,
+                  trust=ReplayTrust.of(log, settings, rules))
+
+
 def input_topics(settings: Settings) -> tuple[str, str, str]:
     """The topics the processors read."""
     t = settings.topics
@@ -211,7 +318,7 @@ def inputs(log: Log, settings: Settings) -> Iterator[Entry]:
 async def rederive(log: Log, settings: Settings, engine: Engine | None = None,
                    progress: Callable[[int], None] | None = None) -> tuple[Engine, list[tuple[Entry, list[Output]]]]:
     """Every input and what the processors decide for it, replayed from the log."""
-    engine = engine or Engine(settings, RecordedTools(log), rules_of(log, settings)[0])
+    engine = engine or new_engine(log, settings)
     decided: list[tuple[Entry, list[Output]]] = []
     with gc_paused():
         for count, entry in enumerate(inputs(log, settings), 1):
@@ -279,7 +386,7 @@ async def state_at(log: Log, settings: Settings, moment: Moment) -> dict[str, An
     if moment.topic is not None:
         found = log.find(moment.topic, moment.partition or 0, moment.offset or 0)
         position_ms = found.timestamp_ms if found else None
-    engine = Engine(settings, RecordedTools(log), rules_of(log, settings)[0])
+    engine = new_engine(log, settings)
     last = 0
     with gc_paused():
         for entry in inputs(log, settings):
@@ -379,11 +486,22 @@ def _adjust(record: Record, policy: Policy) -> Record:
     return record
 
 
+def _adjusted(entry: Entry, policy: Policy, codec: Codec) -> Entry:
+    """``entry`` under ``policy``; a changed record keeps the bytes its sender signed, so the trust
+    gate still knows the sender (a what-if changes the rules, not who sent what)."""
+    if entry.record is None:
+        return entry
+    record = _adjust(entry.record, policy)
+    if record is entry.record:
+        return entry
+    return replace(entry, record=record, value=entry.value_bytes(codec) if entry.headers else None)
+
+
 def outside_inputs(log: Log, settings: Settings, policy: Policy | None = None) -> list[Entry]:
     """The inputs that came from agents and clocks (not from a processor), in time order."""
     policy = policy or Policy()
-    found = [replace(entry, record=_adjust(entry.record, policy)) if entry.record is not None else entry
-             for entry in inputs(log, settings) if from_outside(entry)]
+    codec = default_codec(settings.max_message_bytes)
+    found = [_adjusted(entry, policy, codec) for entry in inputs(log, settings) if from_outside(entry)]
     found.sort(key=lambda e: e.timestamp_ms)
     return found
 
@@ -400,20 +518,21 @@ async def simulate(log: Log, settings: Settings, policy: Policy | None = None,
     re-run the agents).
     """
     policy = policy or Policy()
-    engine = Engine(settings, RecordedTools(log, simulated=True), rules_of(log, settings)[0],
-                    victim_policy=policy.victim)
+    engine = new_engine(log, settings, simulated=True, victim_policy=policy.victim)
     inbound = set(input_topics(settings))
-    queue = [(entry.timestamp_ms, seq, entry)
+    # (time, sequence, input, routed): routed inputs are the processors' own commands, passed on unsigned.
+    queue = [(entry.timestamp_ms, seq, entry, False)
              for seq, entry in enumerate(outside if outside is not None else outside_inputs(log, settings, policy))]
     seq = len(queue)
     heapq.heapify(queue)
     produced = Log(settings.topics, source=f"what-if of {log.source}", partition_count=settings.partitions)
 
-    def append(topic: str, key: bytes | None, now: int, record: Record | None, raw: bytes | None = None) -> Entry:
+    def append(topic: str, key: bytes | None, now: int, record: Record | None, raw: bytes | None = None,
+               headers: tuple[tuple[str, bytes], ...] = (), value: bytes | None = None) -> Entry:
         partition = partition_for(key or b"", settings.partitions) if topic != settings.topics.resource_commands \
             or not isinstance(record, LockTick) else record.partition
         entries = produced.partitions.setdefault((topic, partition), [])
-        entry = Entry(topic, partition, len(entries), now, key, record, raw)
+        entry = Entry(topic, partition, len(entries), now, key, record, raw, headers, value)
         entries.append(entry)
         return entry
 
@@ -424,14 +543,15 @@ async def simulate(log: Log, settings: Settings, policy: Policy | None = None,
             if budget < 0:
                 raise RuntimeError("the simulation did not settle: the processors kept sending each other commands "
                                    f"(last: {type(queue[0][2].record).__name__} at {queue[0][0]})")
-            now, _, pending = heapq.heappop(queue)
-            entry = append(pending.topic, pending.key, now, pending.record, pending.raw)
-            for topic, key, record in await engine.decide(entry):
+            now, _, pending, routed = heapq.heappop(queue)
+            entry = append(pending.topic, pending.key, now, pending.record, pending.raw, pending.headers,
+                           pending.value)
+            for topic, key, record in await engine.decide(entry, trusted=routed):
                 if topic == DEAD_LETTER:
                     continue
                 if topic in inbound:
                     seq += 1
-                    heapq.heappush(queue, (now, seq, Entry(topic, -1, -1, now, key, record)))
+                    heapq.heappush(queue, (now, seq, Entry(topic, -1, -1, now, key, record), True))
                 else:
                     append(topic, key, now, record)
     return produced

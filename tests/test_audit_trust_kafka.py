@@ -1,0 +1,206 @@
+"""The audit and ``lock status`` across the trust boundary, against a real worker.
+
+A clean signed run passes the ``authenticated`` check with its signatures counted, and the
+commands the worker refused (unsigned, or signed by one agent acting as another) are fine
+because the worker refused them, as the replay does. Forged decisions written straight to
+the event topic and an inbox (unsigned, or signed by an agent's key) fail the audit at their
+positions, and ``lock status`` never shows the forger as a holder. An operator's override
+is listed as a human action. Without the admin public key the audit says what to set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaProducer
+from click.testing import CliRunner, Result
+
+from agents import ArbiterClient
+from agents.identities import Operator, ensure_identity
+from arbiter.audit import TrustAnchorsMissing, audit
+from arbiter.audit.html import render
+from arbiter.audit.log import Log, read_log, write_archive
+from arbiter.cli import main as arbiter_cli
+from arbiter.history import lease_book
+from arbiter.processes import WorkerPool
+from contract import Cause, DeadLetter, Holder, LockGranted, LockRequested, Record, default_codec
+from contract.clock import now_ms
+from contract.identity import Signer
+from contract.kafkaauth import kafka_client_options
+from contract.settings import Settings
+
+pytestmark = pytest.mark.kafka
+
+
+async def _produce(settings: Settings, topic: str, key: str, record: Record, signer: Signer | None) -> str:
+    """Write one message as anyone with topic access could; its position, topic[partition]@offset."""
+    value = default_codec(settings.max_message_bytes).encode(record)
+    headers = signer.sign(topic, key.encode(), value, now_ms()) if signer is not None else None
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all", linger_ms=0,
+                                **kafka_client_options(settings))
+    await producer.start()
+    try:
+        sent = await producer.send_and_wait(topic, value, key=key.encode(), headers=headers)
+    finally:
+        await producer.stop()
+    return f"{topic}[{sent.partition}]@{sent.offset}"
+
+
+async def _settled_log(settings: Settings, letters: int = 0, timeout: float = 20.0) -> Log:
+    """The log once the worker has dead-lettered at least ``letters`` inputs."""
+    deadline = time.monotonic() + timeout
+    while True:
+        log = await read_log(settings)
+        found = sum(isinstance(e.record, DeadLetter) for e in log.of(settings.topics.dead_letter))
+        if found >= letters or time.monotonic() > deadline:
+            assert found >= letters, f"only {found} of {letters} dead letters after {timeout} s"
+            return log
+        await asyncio.sleep(0.3)
+
+
+async def _cli(env: dict[str, str], *args: str) -> Result:
+    """The CLI in a thread of its own (it runs its own event loop)."""
+    return await asyncio.to_thread(CliRunner(env=env).invoke, arbiter_cli, list(args), catch_exceptions=False)
+
+
+def _authenticated(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [f for f in report["findings"] if f["check"] == "authenticated"]
+
+
+def _problems(report: dict[str, Any]) -> list[str]:
+    return [f"{f['check']}: {f['message']} at {f['where']}" for f in report["findings"]]
+
+
+async def test_a_clean_signed_run_passes_with_its_signatures_counted(kafka_settings: Settings,
+                                                                     worker: WorkerPool) -> None:
+    settings = kafka_settings
+    async with ArbiterClient("alice", settings) as alice, ArbiterClient("bob", settings) as bob:
+        for resource in ("doc:a", "doc:b", "doc:a"):
+            async with alice.lease(resource, ttl=30):
+                await asyncio.sleep(0.05)
+        async with bob.lease("doc:b", ttl=30):
+            await asyncio.sleep(0.05)
+    # Two commands the worker must refuse: unsigned, and bob's key acting as alice.
+    mallory = await ensure_identity(settings, "mallory")
+    command = LockRequested(request_id="forged-1", agent_id="alice", resource="doc:a", mode="exclusive",
+                            ttl_ms=30_000, sent_at_ms=now_ms())
+    unsigned = await _produce(settings, settings.topics.resource_commands, "doc:a", command, None)
+    as_other = await _produce(settings, settings.topics.resource_commands, "doc:a",
+                              command.model_copy(update={"request_id": "forged-2"}), mallory)
+    log = await _settled_log(settings, letters=2)
+    letters = {f"{e.record.source.topic}[{e.record.source.partition}]@{e.record.source.offset}": e.record.reason
+               for e in log.of(settings.topics.dead_letter) if isinstance(e.record, DeadLetter)}
+    assert letters.get(unsigned) == "unauthenticated" and letters.get(as_other) == "forbidden", letters
+    assert any(e.record is not None for e in log.of(settings.topics.registry)), "the registry topic is read"
+    assert all(e.headers for e in log.entries() if e.where != unsigned), "every other message is signed"
+
+    report = await audit(log, settings)
+    assert report["verdict"] == "pass" and not report["findings"], "\n".join(_problems(report))
+    assert report["checks"]["authenticated"]["violations"] == 0
+    stats = report["stats"]
+    assert stats["signatures_verified"] >= 20 and stats["registry_records"] >= 4, stats
+    assert stats["refused_commands"] == 2 and stats["human_actions"] == 0, stats
+    assert stats["grants"] >= 4
+
+
+async def test_forged_decisions_fail_the_audit_and_never_hold_a_lease(kafka_settings: Settings, worker: WorkerPool,
+                                                                      tmp_path: Path) -> None:
+    settings = kafka_settings
+    async with ArbiterClient("alice", settings) as alice, alice.lease("doc:x", ttl=30) as lease:
+        token = lease.token
+    mallory = await ensure_identity(settings, "mallory")
+    at = now_ms()
+
+    def grant(request_id: str) -> LockGranted:
+        holder = Holder(agent_id="mallory", request_id=request_id, token=token + 1, mode="exclusive",
+                        expires_at_ms=at + 600_000)
+        return LockGranted(request_id=request_id, agent_id="mallory", resource="doc:x", token=token + 1,
+                           mode="exclusive", expires_at_ms=at + 600_000, holders=[holder], resource_version=0,
+                           decided_at_ms=at, cause=Cause(topic=settings.topics.resource_commands, partition=0,
+                                                         offset=0))
+
+    t = settings.topics
+    forged = {
+        "unsigned event": await _produce(settings, t.resource_events, "doc:x", grant("f-1"), None),
+        "unsigned inbox": await _produce(settings, t.agent_inbox, "mallory", grant("f-1"), None),
+        "agent-signed event": await _produce(settings, t.resource_events, "doc:x", grant("f-2"), mallory),
+        "agent-signed inbox": await _produce(settings, t.agent_inbox, "mallory", grant("f-2"), mallory),
+    }
+    log = await _settled_log(settings)
+    report = await audit(log, settings)
+    assert report["verdict"] == "fail"
+    named = {w: f["message"] for f in _authenticated(report) for w in f["where"]}
+    assert set(forged.values()) <= set(named), (forged, named)
+    assert "not signed" in named[forged["unsigned event"]]
+    assert "'mallory' (role agent)" in named[forged["agent-signed inbox"]]
+    assert all(f["where"][0] in forged.values() for f in _authenticated(report)), _authenticated(report)
+    # The forgeries are not drawn as leases on the timeline.
+    leases = [lease for r in report["timeline"]["resources"] for lease in r["leases"]]
+    assert leases and all(lease["agent"] != "mallory" for lease in leases)
+    assert report["timeline"]["skipped_forged"] >= 2
+    page = render(report)
+    for where in forged.values():
+        assert where in page
+
+    skipped: list[str] = []
+    book = await lease_book(settings, "doc:x", skipped)
+    assert not book.holders and book.last_token == token, book
+    assert sorted(s.split(":")[0] for s in skipped) == sorted([forged["unsigned event"],
+                                                                forged["agent-signed event"]])
+    env = {"ARBITER_HOME": str(settings.home), "ARBITER_PARTITIONS": str(settings.partitions),
+           **{"ARBITER_TOPICS__" + name.upper(): topic for name, topic in t.model_dump().items()}}
+    result = await _cli(env, "--bootstrap", settings.bootstrap, "lock", "status", "doc:x")
+    assert result.exit_code == 0, result.output
+    status = json.loads(result.stdout)
+    assert status["holders"] == [] and status["high_water_token"] == token, status
+
+    # The same log in an archive audits the same.
+    archive = tmp_path / "forged.jsonl"
+    write_archive(archive, log)
+    result = await _cli(env, "audit", "--log", str(archive))
+    assert result.exit_code == 1, result.output
+    assert all(where in result.output for where in forged.values()), result.output
+
+
+async def test_an_operator_override_is_a_human_action(kafka_settings: Settings, worker: WorkerPool) -> None:
+    settings = kafka_settings
+    async with ArbiterClient("alice", settings) as alice, alice.lease("doc:stuck", ttl=30) as lease:
+        await Operator(settings).revoke("doc:stuck", "alice", "stuck after a deploy")
+        assert await asyncio.wait_for(lease.wait_lost(), 10) == "revoked: stuck after a deploy"
+    log = await _settled_log(settings)
+    report = await audit(log, settings)
+    assert report["verdict"] == "pass", "\n".join(_problems(report))
+    (action,) = report["human_actions"]
+    assert action["who"] == "admin" and action["action"] == "LockRevokeRequested"
+    assert action["reason"] == "stuck after a deploy" and action["resource"] == "doc:stuck"
+    assert action["agent_id"] == "alice" and "LockRevoked" in action["outcome"]
+    assert action["where"].startswith(f"{settings.topics.resource_commands}[")
+    assert report["stats"]["human_actions"] == 1
+    page = render(report)
+    assert "Human actions (1)" in page and "stuck after a deploy" in page and action["where"] in page
+
+
+async def test_without_the_admin_key_the_audit_says_what_to_set(kafka_settings: Settings, worker: WorkerPool,
+                                                                tmp_path: Path) -> None:
+    settings = kafka_settings
+    async with ArbiterClient("alice", settings) as alice, alice.lease("doc:k", ttl=30):
+        pass
+    log = await _settled_log(settings)
+    elsewhere = settings.model_copy(update={"home": tmp_path / "not-the-admin", "admin_public_keys": ""})
+    with pytest.raises(TrustAnchorsMissing, match="ARBITER_ADMIN_PUBLIC_KEYS"):
+        await audit(log, elsewhere)
+    archive = tmp_path / "log.jsonl"
+    write_archive(archive, log)
+    result = await _cli({"ARBITER_HOME": str(tmp_path / "not-the-admin"), "ARBITER_ADMIN_PUBLIC_KEYS": ""},
+                        "audit", "--log", str(archive))
+    assert result.exit_code == 2, result.output
+    assert "ARBITER_ADMIN_PUBLIC_KEYS" in result.output and "ARBITER_HOME" in result.output
+    # Another admin's key is no anchor for this log: nothing verifies.
+    stranger = settings.model_copy(update={"admin_public_keys": Signer.generate("admin").public_text()})
+    report = await audit(log, stranger)
+    assert report["verdict"] == "fail" and len(_authenticated(report)) > 5

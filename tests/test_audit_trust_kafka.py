@@ -28,7 +28,16 @@ from arbiter.audit.log import Log, read_log, write_archive
 from arbiter.cli import main as arbiter_cli
 from arbiter.history import lease_book
 from arbiter.processes import WorkerPool
-from contract import Cause, DeadLetter, Holder, LockGranted, LockRequested, Record, default_codec
+from contract import (
+    Cause,
+    DeadLetter,
+    Holder,
+    LockGranted,
+    LockRequested,
+    LockRevokeRequested,
+    Record,
+    default_codec,
+)
 from contract.clock import now_ms
 from contract.identity import Signer
 from contract.kafkaauth import kafka_client_options
@@ -85,26 +94,31 @@ async def test_a_clean_signed_run_passes_with_its_signatures_counted(kafka_setti
                 await asyncio.sleep(0.05)
         async with bob.lease("doc:b", ttl=30):
             await asyncio.sleep(0.05)
-    # Two commands the worker must refuse: unsigned, and bob's key acting as alice.
+    # Commands the worker must refuse: unsigned, and mallory's key acting as alice.
     mallory = await ensure_identity(settings, "mallory")
     command = LockRequested(request_id="forged-1", agent_id="alice", resource="doc:a", mode="exclusive",
                             ttl_ms=30_000, sent_at_ms=now_ms())
     unsigned = await _produce(settings, settings.topics.resource_commands, "doc:a", command, None)
     as_other = await _produce(settings, settings.topics.resource_commands, "doc:a",
                               command.model_copy(update={"request_id": "forged-2"}), mallory)
-    log = await _settled_log(settings, letters=2)
+    # And one that looks like the deadlock detector's own command (which no replayed decision sends).
+    detector = await _produce(settings, settings.topics.resource_commands, "doc:a", LockRevokeRequested(
+        request_id="forged-3", resource="doc:a", agent_id="alice", reason="deadlock", requested_by="deadlock-detector",
+        sent_at_ms=now_ms()), None)
+    log = await _settled_log(settings, letters=3)
     letters = {f"{e.record.source.topic}[{e.record.source.partition}]@{e.record.source.offset}": e.record.reason
                for e in log.of(settings.topics.dead_letter) if isinstance(e.record, DeadLetter)}
     assert letters.get(unsigned) == "unauthenticated" and letters.get(as_other) == "forbidden", letters
+    assert letters.get(detector) == "unauthenticated", letters
     assert any(e.record is not None for e in log.of(settings.topics.registry)), "the registry topic is read"
-    assert all(e.headers for e in log.entries() if e.where != unsigned), "every other message is signed"
+    assert all(e.headers for e in log.entries() if e.where not in (unsigned, detector)), "the others are signed"
 
     report = await audit(log, settings)
     assert report["verdict"] == "pass" and not report["findings"], "\n".join(_problems(report))
     assert report["checks"]["authenticated"]["violations"] == 0
     stats = report["stats"]
     assert stats["signatures_verified"] >= 20 and stats["registry_records"] >= 4, stats
-    assert stats["refused_commands"] == 2 and stats["human_actions"] == 0, stats
+    assert stats["refused_commands"] == 3 and stats["human_actions"] == 0, stats
     assert stats["grants"] >= 4
 
 

@@ -218,10 +218,15 @@ def _check_processor_commands(log: Log, settings: Settings, decided: list[tuple[
         for topic, _key, record in outputs:
             if topic in topics and not isinstance(record, DeadlockDetected):
                 sent.setdefault(identity(record), source)
+    # What the trust gate refused was never decided, whoever it claims to come from (``authenticated``).
+    refused = {(e.record.source.topic, e.record.source.partition, e.record.source.offset)
+               for e in log.of(t.dead_letter) if isinstance(e.record, DeadLetter) and e.record.reason in _REFUSALS}
     logged: dict[tuple[str, str], Entry] = {}
     for topic in topics:
         for entry in log.of(topic):
             message = entry.record
+            if refused and (entry.topic, entry.partition, entry.offset) in refused:
+                continue
             if message is not None and not isinstance(message, DeadlockDetected) and not from_outside(entry):
                 logged.setdefault(identity(message), entry)
     for ident, entry in logged.items():

@@ -325,6 +325,8 @@ class Mallory:
         await self._dropped_by_sdk(Attempt(f"forged LockGranted into {agent}'s inbox, with her own key", DROPPED),
                                    victim, before)
         ring = await asyncio.wait_for(self.client(self.ring_victim), WAIT_S)
+        # Its saga, once its delegation edge is in the log (a guessed id is refused just the same).
+        await until(lambda: self.ring_victim in self.sagas(), timeout=10)
         cycle = [self.ring_victim, ROGUE, self.ring_victim]
         notice = DeadlockDetected(detection_id=_id("rogue-deadlock"), victim=self.ring_victim, cycle=cycle,
                                   cycle_json=json.dumps(cycle), message="you are the victim: abort your saga",

@@ -15,9 +15,10 @@ so the signer's name, role and allowed prefixes are facts. The rules:
   request or intent id of theirs lies in a namespace the system derives ids in
   (``saga:``), so no derived id can be pre-claimed.
 
-What a saga processor may do is bounded here too: a saga step is accepted only from an
-agent allowed the step's resource, and only from the saga's owner (``shells.saga``
-checks the owner, which needs the saga's state).
+What a saga processor may do is bounded here too: a saga's owner is in its id
+(``saga:<agent>/...``), so a step or an abort is accepted only from the agent that owns
+the saga, and a step only on a resource that agent may touch: the saga processor never
+acts with more authority than its owner.
 """
 
 from __future__ import annotations

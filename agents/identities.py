@@ -89,8 +89,10 @@ class Registrar:
         feed = RegistryFeed(registry, self.settings.topics.registry, self.settings.bootstrap, self.codec,
                             **kafka_client_options(self.settings))
         await feed.start()
-        await feed.stop()
-        return sorted(registry.entries.values(), key=lambda e: (e.name, e.valid_from_ms))
+        try:
+            return sorted(registry.entries.values(), key=lambda e: (e.name, e.valid_from_ms))
+        finally:
+            await feed.stop()
 
     async def publish(self, entries: Iterable[IdentityRegistered]) -> None:
         """Write registry records, each signed by the admin key."""
@@ -165,10 +167,21 @@ class Registrar:
 
 async def ensure_identity(settings: Settings, name: str, role: str = ROLE_AGENT) -> Signer:
     """The signer of ``name`` from its key file; when there is none, issue one with this home's
-    admin key (used for the workers' identity, and for agents under ``auto_enroll``)."""
+    admin key (used for the workers' identity, and for agents under ``auto_enroll``). A key file
+    the registry has never seen (a home reused with new topics) is registered; a key the registry
+    knows is never registered again, so a revoked key stays revoked."""
     path = key_file(settings.home, name)
     if path.exists():
-        return _read_settled(path, name)
+        signer = _read_settled(path, name)
+        if (keys_dir(settings.home) / "admin.key").exists():
+            registrar = Registrar(settings, create_admin=False)
+            entries = await registrar.entries()
+            if not any(e.key_id == signer.key_id for e in entries):
+                if any(e.name == name and e.status == ACTIVE for e in entries):
+                    raise IdentityError(f"{path} is not {name!r}'s registered key (another key is active); "
+                                        f"remove the file, or rotate {name!r}")
+                await registrar.publish([registrar._entry(signer, role, "", [])])
+        return signer
     registrar = Registrar(settings)
     try:
         return await registrar.add(name, role=role)

@@ -43,6 +43,7 @@ from .checks import (
     check_leases_and_writes,
     check_outcomes,
     check_sagas,
+    refused_positions,
     summarize,
 )
 from .log import Log, identity
@@ -185,9 +186,10 @@ def _intent_token(log: Log, event: ToolRejected) -> int | None:
 
 def _sagas(log: Log, settings: Settings, end: int, forged: Collection[str]) -> list[dict[str, Any]]:
     sagas: dict[str, dict[str, Any]] = {}
+    refused = refused_positions(log, settings)  # steps the trust gate refused started nothing
     for entry in log.of(settings.topics.saga_commands):
         r = entry.record
-        if isinstance(r, SagaStep):
+        if isinstance(r, SagaStep) and (entry.topic, entry.partition, entry.offset) not in refused:
             saga = sagas.setdefault(r.saga_id, {"saga_id": r.saga_id, "agent": r.agent_id,
                                                 "start_ms": entry.timestamp_ms, "end_ms": end, "outcome": "open",
                                                 "steps": set(), "compensations": []})

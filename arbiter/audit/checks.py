@@ -219,8 +219,7 @@ def _check_processor_commands(log: Log, settings: Settings, decided: list[tuple[
             if topic in topics and not isinstance(record, DeadlockDetected):
                 sent.setdefault(identity(record), source)
     # What the trust gate refused was never decided, whoever it claims to come from (``authenticated``).
-    refused = {(e.record.source.topic, e.record.source.partition, e.record.source.offset)
-               for e in log.of(t.dead_letter) if isinstance(e.record, DeadLetter) and e.record.reason in _REFUSALS}
+    refused = refused_positions(log, settings)
     logged: dict[tuple[str, str], Entry] = {}
     for topic in topics:
         for entry in log.of(topic):
@@ -392,9 +391,7 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
     stats = {"acquires": 0, "intents": 0}
     # A command the trust gate refused was never decided: its answer (a denial naming the reason)
     # went to the inbox of the agent it claims to be from, and ``authenticated`` accounts for it.
-    refused = {(e.record.source.topic, e.record.source.partition, e.record.source.offset)
-               for e in log.of(topics.dead_letter)
-               if isinstance(e.record, DeadLetter) and e.record.reason in _REFUSALS}
+    refused = refused_positions(log, settings)
     for entry in log.of(topics.resource_commands):
         c = entry.record
         if refused and (entry.topic, entry.partition, entry.offset) in refused:
@@ -447,8 +444,9 @@ def _last_processed(log: Log, settings: Settings) -> dict[int, int]:
 def check_sagas(log: Log, settings: Settings, findings: Findings) -> dict[str, int]:
     """Every saga finished COMPLETED or COMPENSATED, once."""
     started: dict[str, Entry] = {}
+    refused = refused_positions(log, settings)  # a step the trust gate refused started nothing
     for entry in log.of(settings.topics.saga_commands):
-        if isinstance(entry.record, SagaStep):
+        if isinstance(entry.record, SagaStep) and (entry.topic, entry.partition, entry.offset) not in refused:
             started.setdefault(entry.record.saga_id, entry)
     finished: dict[str, set[str]] = defaultdict(set)
     finished_at: dict[str, Entry] = {}
@@ -676,6 +674,13 @@ def check_authenticated(log: Log, settings: Settings, anchors: list[bytes],
                          open_=pending, resource=_resource_of(record), at_ms=entry.timestamp_ms)
     stats["human_actions"] = len(actions)
     return stats, actions
+
+
+def refused_positions(log: Log, settings: Settings) -> set[tuple[str, int, int]]:
+    """Inputs the workers' trust gate refused (dead-lettered unauthenticated or forbidden): never decided."""
+    return {(e.record.source.topic, e.record.source.partition, e.record.source.offset)
+            for e in log.of(settings.topics.dead_letter)
+            if isinstance(e.record, DeadLetter) and e.record.reason in _REFUSALS}
 
 
 def _resource_of(record: Record | None) -> str | None:

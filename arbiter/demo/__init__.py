@@ -531,7 +531,14 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
             report = _audit_run(settings, not interrupted, html)
         except Exception as exc:
             fail(f"could not audit the run's log: {type(exc).__name__}: {exc}")
-        verdict = report["verdict"] == "pass"
+        # The rogue's forged decisions are in the log for good: the audit must name each of them under
+        # `authenticated` (and nothing else may be found). Any other finding fails the run.
+        expected = rogue.forged_positions()
+        named = {w for f in report["findings"] if f["check"] == "authenticated" for w in f["where"]}
+        rogue_findings = [f for f in report["findings"]
+                          if f["check"] == "authenticated" and set(f["where"]) <= expected]
+        others = [f for f in report["findings"] if f not in rogue_findings]
+        verdict = not others and expected <= named
         if not interrupted:
             safe = _result("with Arbiter", plan, tally, ledger, live)
             ledger.close()
@@ -544,7 +551,12 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
         click.secho(f"audit of the run's log ({report['messages']} messages, {stats.get('decisions', 0)} decisions "
                     f"re-derived): " + ("PASS, no safety rule broken" if verdict else "FAIL")
                     + ("" if report["complete"] else " (partial log)"), fg="green" if verdict else "red")
-        for finding in report["findings"][:10]:
+        if rogue_findings:
+            click.echo(f"  the audit names the rogue's {len(expected)} forged inbox message(s) under authenticated, "
+                       f"as it must: {', '.join(sorted(expected))}")
+        if not expected <= named:
+            click.secho(f"  the audit missed forged messages at {', '.join(sorted(expected - named))}", fg="red")
+        for finding in others[:10]:
             click.echo(f"  {finding['severity']}: [{finding['check']}] {finding['message']} "
                        f"at {', '.join(finding['where'])}")
         click.echo(f"audit report: {html}")

@@ -78,6 +78,8 @@ class Attempt:
     how: str = ""
     """Where the refusal shows: the dead letter, the denial in an inbox, the victim's forged count."""
     detail: str = ""
+    forged_at: str = ""
+    """Where a forged decision sits in the log (``topic[p]@offset``): the audit must name it."""
 
     @property
     def refused(self) -> bool:
@@ -107,6 +109,10 @@ class RogueReport:
     def ok(self) -> bool:
         """Every attempt was refused, with the reason it should have been (and there were some)."""
         return bool(self.attempts) and all(a.refused and a.reason == a.expected for a in self.attempts)
+
+    def forged_positions(self) -> set[str]:
+        """Where the rogue put forged decisions: the audit's ``authenticated`` check must name exactly these."""
+        return {a.forged_at for a in self.attempts if a.forged_at}
 
     def lines(self) -> list[str]:
         """The summary: a head line and one row per attempt (attempt -> refusal)."""
@@ -268,10 +274,11 @@ class Mallory:
                 attempt.reason = ""
                 attempt.detail = f"the dead letter says {letter.reason}, the denial {answer.reason}"
 
-    async def _dropped_by_sdk(self, attempt: Attempt, victim: ArbiterClient, before: int,
-                              unchanged: Callable[[], bool] = lambda: True) -> None:
+    async def _dropped_by_sdk(self, attempt: Attempt, where: tuple[str, int, int], victim: ArbiterClient,
+                              before: int, unchanged: Callable[[], bool] = lambda: True) -> None:
         """Wait for the victim's SDK to count the forged inbox message, and check it acted on nothing."""
         self.report.attempts.append(attempt)
+        attempt.forged_at = f"{where[0]}[{where[1]}]@{where[2]}"
         if not await until(lambda: victim.forged_messages > before):
             attempt.detail = f"{victim.agent_id}'s SDK did not count it as forged within {WAIT_S:.0f} s"
             return
@@ -320,10 +327,10 @@ class Mallory:
                                             mode="exclusive", expires_at_ms=now + 60_000)],
                             resource_version=0, request_sent_at_ms=now, decided_at_ms=now, cause=cause)
         before = victim.forged_messages
-        await self._send(t.agent_inbox, agent.encode(), grant, mine,
-                         partition=partition_for(agent.encode(), self.settings.partitions))
+        where = await self._send(t.agent_inbox, agent.encode(), grant, mine,
+                                 partition=partition_for(agent.encode(), self.settings.partitions))
         await self._dropped_by_sdk(Attempt(f"forged LockGranted into {agent}'s inbox, with her own key", DROPPED),
-                                   victim, before)
+                                   where, victim, before)
         ring = await asyncio.wait_for(self.client(self.ring_victim), WAIT_S)
         # Its saga, once its delegation edge is in the log (a guessed id is refused just the same).
         await until(lambda: self.ring_victim in self.sagas(), timeout=10)
@@ -333,11 +340,12 @@ class Mallory:
                                   saga_id=self.sagas().get(self.ring_victim), decided_at_ms=now_ms(),
                                   cause=Cause(topic=t.wait_edges, partition=0, offset=0))
         before, deadlocks = ring.forged_messages, len(ring.deadlocks)
-        await self._send(t.agent_inbox, self.ring_victim.encode(), notice, Signer(ROLE_WORKER, mine.private_key),
-                         partition=partition_for(self.ring_victim.encode(), self.settings.partitions))
+        where = await self._send(t.agent_inbox, self.ring_victim.encode(), notice,
+                                 Signer(ROLE_WORKER, mine.private_key),
+                                 partition=partition_for(self.ring_victim.encode(), self.settings.partitions))
         await self._dropped_by_sdk(
             Attempt(f"forged DeadlockDetected into {self.ring_victim}'s inbox, posing as worker", DROPPED),
-            ring, before, lambda: len(ring.deadlocks) == deadlocks)
+            where, ring, before, lambda: len(ring.deadlocks) == deadlocks)
 
         # What only the workers and the operator send.
         edge = WaitEdgeAdded(edge_id=_id(f"lock|{ROGUE}|{agent}"), waiter=ROGUE, holder=agent, source="lock",

@@ -299,14 +299,21 @@ def lock_revoke(ctx: click.Context, resource: str, agent: str, reason: str) -> N
 @click.pass_context
 def lock_status(ctx: click.Context, resource: str) -> None:
     """Holders, waiters and the token high-water mark, folded from the event log."""
+    from .audit.replay import TrustAnchorsMissing
     from .history import lease_book
 
     settings = settings_of(ctx)
+    skipped: list[str] = []
     try:
-        book = asyncio.run(lease_book(settings, resource))
+        book = asyncio.run(lease_book(settings, resource, skipped))
+    except TrustAnchorsMissing as exc:
+        fail(str(exc))
     except Exception as exc:
         fail(f"cannot read the log at {settings.bootstrap}: {exc}")
+    for line in skipped:
+        say(f"left out a decision no worker signed: {line}")
     click.echo(json.dumps({
+        "skipped_forged": len(skipped),
         "resource": resource,
         "high_water_token": book.last_token,
         "as_of_ms": book.clock_ms,

@@ -1,7 +1,9 @@
 """``python -m bench [NAME ...]``: print Arbiter's measured figures.
 
 Names: codec, core, roundtrip, grant, handoff, throughput, ceiling (leases and faust);
-check, intent, checks (the gateway); graph, detection (deadlocks); replay (audit, no broker). Default: all.
+check, intent, checks (the gateway); graph, detection (deadlocks); replay (audit, no broker);
+trust-crypto (signing and verifying, no broker), trust-latency (grants with verification on
+versus off). Default: all.
 The Kafka benchmarks need a broker (``./dev bench`` starts the local one) and start
 their own worker processes on topics of their own.
 """
@@ -17,7 +19,7 @@ from collections.abc import Callable
 
 from contract import Cause, Holder, LockGranted, default_codec
 
-from . import deadlock, gateway, leases, replay
+from . import deadlock, gateway, leases, replay, trust
 from .env import bench_arbiter, key_for_partition
 
 
@@ -58,7 +60,7 @@ async def bench_roundtrip(rate: float, count: int) -> None:
 
 
 NAMES = ["codec", "core", "roundtrip", "grant", "handoff", "throughput", "ceiling", "check", "intent", "checks",
-         "graph", "detection", "replay"]
+         "graph", "detection", "replay", "trust-crypto", "trust-latency"]
 
 
 def main() -> None:
@@ -103,6 +105,10 @@ def main() -> None:
         asyncio.run(deadlock.detection_latency(1_000.0, min(args.count, 500)))
     if "replay" in names:
         replay.audit_throughput(args.log_messages)
+    if "trust-crypto" in names:
+        trust.crypto(args.seconds)
+    if "trust-latency" in names:
+        asyncio.run(trust.latency(args.rate, min(args.count, 600)))
 
 
 if __name__ == "__main__":

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from contract import Cause, DeadlockDetected, Record, WaitEdgeAdded, WaitEdgeRemoved, default_codec
+from contract.clock import now_ms
 from contract.partitioning import partition_for
 from cores.waitgraph import WaitGraph, detect, evolve
 
-from .env import bench_arbiter
+from .env import bench_arbiter, raw_signer
 from .leases import percentiles
 
 CAUSE = Cause(topic="bench", partition=0, offset=0)
@@ -144,6 +145,7 @@ async def detection_latency(rate: float, samples: int, agents: int = 400, standi
         await consumer.start()
         await producer.start()
 
+        signer = raw_signer(settings)
         marks = (f"{run}|p".encode(), b"deadlock|")  # in probes and detections only
         timed: set[str] = set()
         detected: dict[str, float] = {}
@@ -175,7 +177,8 @@ async def detection_latency(rate: float, samples: int, agents: int = 400, standi
             fold(event, is_probe)
             if is_probe:
                 probes[event.edge_id] = time.perf_counter()
-            await producer.send(topic, key=key, value=codec.encode(event))
+            value = codec.encode(event)
+            await producer.send(topic, key=key, value=value, headers=signer.sign(topic, key, value, now_ms()))
 
         async def settle(deadline_s: float) -> None:
             deadline = time.monotonic() + deadline_s

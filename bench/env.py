@@ -14,6 +14,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from agents import ArbiterClient
 from arbiter.processes import WorkerPool, wait_until_served
 from contract import Record, default_codec
+from contract.clock import now_ms
+from contract.identity import ROLE_WORKER, Signer, signer_for
 from contract.partitioning import partition_for
 from contract.settings import Settings, Topics, load_settings
 from runtime.topics import ensure_topics
@@ -35,7 +37,9 @@ async def bench_arbiter(workers: int = 1, **overrides: Any) -> AsyncIterator[Set
     with tempfile.TemporaryDirectory() as home:
         settings = Settings(**{
             "bootstrap": base.bootstrap, "home": Path(home), "app_id": run,
-            "topics": Topics(**{n: f"{run}.{n}" for n in Topics.model_fields}), **overrides,
+            "topics": Topics(**{n: f"{run}.{n}" for n in Topics.model_fields}),
+            "auto_enroll": True,  # the bench's own home issues its clients' keys on first use
+            **overrides,
         })
         await ensure_topics(settings)
         pool = WorkerPool(settings)
@@ -48,6 +52,13 @@ async def bench_arbiter(workers: int = 1, **overrides: Any) -> AsyncIterator[Set
             pool.check_alive()
         finally:
             pool.stop()
+
+
+def raw_signer(settings: Settings) -> Signer:
+    """What signs the benchmarks' raw payloads (commands of many made-up agents, edges of the lease
+    book): the workers' identity, which may send anything, so every payload passes the trust gate
+    and costs the workers exactly the verification a signed agent command costs."""
+    return signer_for(settings.home, ROLE_WORKER)
 
 
 async def burst(settings: Settings, payloads: list[tuple[bytes, bytes]], decided: type[Record]) -> tuple[float, float]:
@@ -64,9 +75,11 @@ async def burst(settings: Settings, payloads: list[tuple[bytes, bytes]], decided
         await consumer.seek_to_end(*tps)
         for tp in tps:
             await consumer.position(tp)
+        topic = settings.topics.resource_commands
+        signed = [(key, value, raw_signer(settings).sign(topic, key, value, now_ms())) for key, value in payloads]
         started = time.perf_counter()
-        for key, value in payloads:
-            await producer.send(settings.topics.resource_commands, key=key, value=value)
+        for key, value, headers in signed:
+            await producer.send(topic, key=key, value=value, headers=headers)
         await producer.flush()
         produced = time.perf_counter() - started
         seen = 0

@@ -119,7 +119,7 @@ async def test_ring_of_sagas_victim_is_compensated_and_the_others_finish(bootstr
         balances = ledger.balances()
         assert balances[victim] == 1_000 and all(balances[n] == 900 for n in names if n != victim)
         assert ledger.invariants()["ok"]
-        assert detection.saga_id and detection.saga_id.startswith(f"saga:{victim}-task:")
+        assert detection.saga_id and detection.saga_id.startswith(f"saga:{victim}/{victim}-task:")
         from arbiter.audit.log import read_log
         from contract.partitioning import partition_for
 
@@ -143,7 +143,7 @@ async def test_sigkill_mid_compensation_still_ends_compensated_and_runs_nothing_
     ledger.seed({"a": 1_000, "b": 1_000})
     pool = WorkerPool(settings)
     # Die right after the first compensation's tool ran, before its outcome is recorded.
-    pool.start(1, extra_env={"ARBITER_FAILPOINT": "crash_after_tool:saga:crashy:"})
+    pool.start(1, extra_env={"ARBITER_FAILPOINT": "crash_after_tool:saga:worker-agent/crashy:"})
     try:
         async with ArbiterClient("warmup", settings) as warm:
             await wait_until_served(warm, pool, [key_for_partition(0, 1)])

@@ -340,6 +340,12 @@ def each_order_refunded_once(log: Log) -> None:
     assert all("refund" in r["diagnostic_json"] for r in conflicts), "the refusal lists the refund"
 
 
+def saga_name(saga_id: object) -> str:
+    """The name a saga was opened with: ``saga:<agent>/<name>:<uuid>`` (or, recorded before sagas
+    carried their owner, ``saga:<name>:<uuid>``)."""
+    return str(saga_id).split(":")[1].rsplit("/", 1)[-1]
+
+
 def ring_is_broken(log: Log) -> None:
     """The four-agent ring: one deadlock, with the whole ring in it; the victim is the youngest by the
     log's clock (its delegation was appended last); its change alone is compensated."""
@@ -352,10 +358,10 @@ def ring_is_broken(log: Log) -> None:
                  if type(e.record).__name__ == "WaitEdgeAdded" and e.record.source == "delegation"}  # type: ignore[union-attr]
     assert sorted(delegated) == sorted(RING), delegated
     assert delegated[victim] == max(delegated.values()), f"victim {victim}, delegations appended at {delegated}"
-    finished = {str(r["saga_id"]).split(":")[1]: r["outcome"] for r in decisions(log, "SagaFinished")}
+    finished = {saga_name(r["saga_id"]): r["outcome"] for r in decisions(log, "SagaFinished")}
     assert finished == {f"{name}-change": "COMPENSATED" if name == victim else "COMPLETED" for name in RING}, finished
     compensated = decisions(log, "Compensated")
-    assert [str(c["saga_id"]).split(":")[1] for c in compensated] == [f"{victim}-change"], compensated
+    assert [saga_name(c["saga_id"]) for c in compensated] == [f"{victim}-change"], compensated
 
 
 def every_conflict_rebased(log: Log) -> None:

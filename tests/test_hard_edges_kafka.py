@@ -18,7 +18,9 @@ from arbiter.audit import audit
 from arbiter.audit.log import read_log
 from arbiter.processes import WorkerPool, wait_until_served
 from contract import MODELS, DeadLetter, LockRequested, Record, WaitEdgeAdded, default_codec
+from contract.clock import now_ms
 from contract.codec import SCHEMA_DIR
+from contract.identity import ROLE_WORKER, signer_for
 from contract.partitioning import key_for_partition
 from contract.settings import Settings
 from runtime.topics import ensure_topics
@@ -202,8 +204,12 @@ async def test_ten_thousand_fuzzed_records_stop_no_worker_and_the_audit_agrees(b
 
             honest_work = asyncio.create_task(valid_traffic())
             try:
+                # Two thirds are signed by the workers' own identity, which may send anything: those
+                # get past the trust gate to the processors' own checks; the rest are refused at it.
+                worker = signer_for(settings.home, ROLE_WORKER)
                 for i, (topic, key, value) in enumerate(records):
-                    await producer.send(topic, value=value, key=key)
+                    headers = worker.sign(topic, key, value, now_ms()) if i % 3 else None
+                    await producer.send(topic, value=value, key=key, headers=headers)
                     if i % 500 == 0:
                         await producer.flush()
                 await producer.flush()
@@ -218,9 +224,9 @@ async def test_ten_thousand_fuzzed_records_stop_no_worker_and_the_audit_agrees(b
             await wait_until_served(after, pool, keys)
         log = await read_log(settings)
         report = await audit(log, settings, complete=False)
-        # The audit re-derives every input as the workers decided it. What it does flag are the fuzz's
-        # look-alikes of the processors' own messages (a DeadlockDetected, a saga's own lease request):
-        # forgeries, named as such. (Refusing them at the door is the trust boundary's work.)
+        # The audit re-derives every input as the workers decided it. What it does flag are the signed
+        # fuzz's look-alikes of the processors' own messages (a DeadlockDetected, a saga's own lease
+        # request): forgeries, named as such. The unsigned third is refused at the trust gate.
         forgeries = [f for f in report["findings"] if f["check"] == "determinism" and "forged" in f["message"]]
         disagreements = [f for f in report["findings"] if f["check"] == "determinism" and f not in forgeries]
         assert disagreements == [], disagreements[:5]
@@ -234,6 +240,7 @@ async def test_ten_thousand_fuzzed_records_stop_no_worker_and_the_audit_agrees(b
         reasons = Counter(letter.reason for letter in letters)
         assert reasons["processor_failed"] == 0, "a fuzzed input raised inside a processor"
         assert sum(reasons.values()) > 1_000 and all(reasons), reasons
+        assert reasons["unauthenticated"] > 1_000 and reasons["key_mismatch"] > 0, reasons
         # The honest resources were touched by nobody else's input.
         for entry in log.of(settings.topics.resource_events):
             if entry.key is not None and entry.key.startswith(b"real:"):
@@ -252,13 +259,20 @@ async def test_a_null_key_edge_and_a_lease_request_on_the_saga_topic_are_dead_le
         await start_one_worker(settings, pool)
         producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap)
         await producer.start()
+        # Signed by the workers' own identity, which may send anything: past the trust gate, the
+        # shells' own checks of shape are what refuses these.
+        worker = signer_for(settings.home, ROLE_WORKER)
         try:
             edge = WaitEdgeAdded(edge_id="e", waiter="a", holder="b", source="delegation", resource=None,
                                  waiter_priority=0, waiter_registered_at_ms=0, added_at_ms=0)
-            await producer.send_and_wait(settings.topics.wait_edges, value=codec.encode(edge), key=None)
+            value = codec.encode(edge)
+            await producer.send_and_wait(settings.topics.wait_edges, value=value, key=None,
+                                         headers=worker.sign(settings.topics.wait_edges, None, value, now_ms()))
             lock = LockRequested(request_id="r", agent_id="a", resource="saga:x", mode="exclusive", ttl_ms=1000,
                                  wait_ms=0, sent_at_ms=0)
-            await producer.send_and_wait(settings.topics.saga_commands, value=codec.encode(lock), key=b"saga:x")
+            value = codec.encode(lock)
+            await producer.send_and_wait(settings.topics.saga_commands, value=value, key=b"saga:x",
+                                         headers=worker.sign(settings.topics.saga_commands, b"saga:x", value, now_ms()))
         finally:
             await producer.stop()
         await wait_until_processed(settings)

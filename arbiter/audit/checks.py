@@ -481,6 +481,8 @@ def check_cycles(log: Log, settings: Settings, findings: Findings) -> dict[str, 
             continue
         # The detector logs a detection after the edge that closed the cycle, perhaps after
         # other edges (a timeout may even break the cycle first): match them by cause.
+        # Refused or forged messages were never decided: they neither add edges nor break cycles.
+        entries = [e for e in entries if e.where not in findings.forged]
         detected = {f"{r.cause.topic}[{r.cause.partition}]@{r.cause.offset}"
                     for e in entries if isinstance(r := e.record, DeadlockDetected)}
         graphs: dict[bytes, _Graph] = defaultdict(_Graph)
@@ -639,7 +641,7 @@ def check_authenticated(log: Log, settings: Settings, anchors: list[bytes],
                 continue
             signer = registry.verify(entry.topic, entry.key, value, entry.headers, entry.timestamp_ms)
             problem: str | None
-            if topic in decisions or isinstance(record, DeadlockDetected):
+            if topic in decisions:
                 problem = signer.detail if isinstance(signer, Refused) else (
                     None if signer.role == ROLE_WORKER else
                     f"it is signed by {signer.name!r} (role {signer.role}), and only workers write decisions")
@@ -666,6 +668,9 @@ def check_authenticated(log: Log, settings: Settings, anchors: list[bytes],
             position = entry.topic, entry.partition, entry.offset
             if refused.get(position, set()) & _REFUSALS:
                 stats["refused_commands"] += 1
+                # Never decided: a refused look-alike of a decision (a DeadlockDetected on the wait-edge
+                # topic, say) is not one for the invariant checks either.
+                findings.forged.add(entry.where)
                 continue
             pending = entry.offset > reached.get((entry.topic, entry.partition), -1)
             findings.add("authenticated", f"{kind} should have been refused ({problem}), and no worker refused it "

@@ -58,7 +58,6 @@ from contract import (
     WaitEdgeAdded,
     default_codec,
 )
-from contract.clock import now_ms
 from contract.kafkaauth import kafka_client_options
 from contract.partitioning import key_for_partition
 from contract.settings import Settings, Topics
@@ -251,24 +250,6 @@ async def _enroll(settings: Settings, name: str, allow: list[str]) -> Settings:
 
 async def _enroll_all(settings: Settings, agents: dict[str, list[str]]) -> dict[str, Settings]:
     return {name: await _enroll(settings, name, allow) for name, allow in agents.items()}
-
-
-def _register_worker_key(settings: Settings) -> None:
-    """The workers' key in this run's registry. ``arbiter worker`` issues (and registers) the key
-    when the home has none; a key an earlier run issued is only in that run's registry."""
-    from agents.identities import Registrar
-    from contract import IdentityRegistered
-    from contract.identity import ACTIVE, ROLE_WORKER, key_file, read_private_key
-
-    name = settings.identity or ROLE_WORKER
-    path = key_file(settings.home, name)
-    if settings.identity_key or not path.exists():
-        return
-    signer = read_private_key(path, name)
-    now = now_ms()
-    asyncio.run(Registrar(settings).publish([IdentityRegistered(
-        key_id=signer.key_id, name=name, role=ROLE_WORKER, public_key=signer.public_raw, status=ACTIVE,
-        valid_from_ms=now, at_ms=now)]))
 
 
 async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: LiveState, screen: Screen) -> Any:
@@ -511,8 +492,7 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
                 click.echo("workers stopped")
 
         stack.callback(stop_workers)
-        _register_worker_key(settings)
-        pool.start(workers)
+        pool.start(workers)  # each worker registers its key in this run's registry (ensure_identity)
         plan = new_plan()
         click.echo(f"started {workers} worker(s); the swarm: {plan.triage_agents} triage agents on "
                    f"{plan.customers} customers, {plan.slow_agents} slow agents and their backups, a delegation "
@@ -533,7 +513,7 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
             fail(f"could not audit the run's log: {type(exc).__name__}: {exc}")
         # The rogue's forged decisions are in the log for good: the audit must name each of them under
         # `authenticated` (and nothing else may be found). Any other finding fails the run.
-        expected = rogue.forged_positions()
+        expected = set() if interrupted else rogue.forged_positions()
         named = {w for f in report["findings"] if f["check"] == "authenticated" for w in f["where"]}
         rogue_findings = [f for f in report["findings"]
                           if f["check"] == "authenticated" and set(f["where"]) <= expected]

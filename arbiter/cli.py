@@ -296,13 +296,19 @@ def lock_revoke(ctx: click.Context, resource: str, agent: str, reason: str) -> N
 
 @lock.command("status")
 @click.argument("resource")
+@click.option("--agent", default=None, help="Show this agent's own tokens (other agents' are never shown).")
+@click.option("--all-tokens", is_flag=True, help="Show every holder's token: for the operator (needs the "
+                                                 "admin key in ARBITER_HOME).")
 @click.pass_context
-def lock_status(ctx: click.Context, resource: str) -> None:
-    """Holders, waiters and the token high-water mark, folded from the event log."""
+def lock_status(ctx: click.Context, resource: str, agent: str | None, all_tokens: bool) -> None:
+    """Holders, waiters and the token high-water mark, folded from the event log. Other agents'
+    tokens are shown as null."""
     from .audit.replay import TrustAnchorsMissing
     from .history import lease_book
 
     settings = settings_of(ctx)
+    if all_tokens and not (settings.home / "keys" / "admin.key").exists():
+        fail("--all-tokens is for the operator: this home holds no admin key")
     skipped: list[str] = []
     try:
         book = asyncio.run(lease_book(settings, resource, skipped))
@@ -317,8 +323,8 @@ def lock_status(ctx: click.Context, resource: str) -> None:
         "resource": resource,
         "high_water_token": book.last_token,
         "as_of_ms": book.clock_ms,
-        "holders": [{"agent_id": h.agent_id, "token": h.token, "mode": h.mode, "expires_at_ms": h.expires_at_ms}
-                    for h in book.holders.values()],
+        "holders": [{"agent_id": h.agent_id, "token": h.token if all_tokens or h.agent_id == agent else None,
+                     "mode": h.mode, "expires_at_ms": h.expires_at_ms} for h in book.holders.values()],
         "waiting": [{"agent_id": w.agent_id, "mode": w.mode, "priority": w.priority, "deadline_ms": w.deadline_ms}
                     for w in book.queue],
     }, sort_keys=True))

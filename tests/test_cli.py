@@ -91,9 +91,12 @@ def test_lock_commands_from_a_shell(kafka_settings: Settings, workers: WorkerPoo
     busy = lock("acquire", "ticket:cust_8492", "--agent", "shell-b")
     assert busy.returncode == 1
     assert json.loads(busy.stdout)["reason"] == "busy"
-    status = json.loads(lock("status", "ticket:cust_8492").stdout)
+    status = json.loads(lock("status", "ticket:cust_8492", "--agent", "shell-a").stdout)
     assert status["holders"] == [{"agent_id": "shell-a", "token": token, "mode": "exclusive",
                                   "expires_at_ms": json.loads(first.stdout)["expires_at_ms"]}]
+    # Another agent sees the lease, not its token.
+    seen_by_b = json.loads(lock("status", "ticket:cust_8492", "--agent", "shell-b").stdout)
+    assert [h["token"] for h in seen_by_b["holders"]] == [None]
     renewed = lock("renew", "ticket:cust_8492", "--agent", "shell-a", "--token", str(token), "--ttl", "60")
     assert renewed.returncode == 0 and json.loads(renewed.stdout)["token"] == token
     foreign = lock("release", "ticket:cust_8492", "--agent", "shell-b", "--token", str(token))

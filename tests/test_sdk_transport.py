@@ -7,8 +7,10 @@ import asyncio
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
+from agents.identities import ensure_identity
 from agents.transport import KafkaTransport
 from contract import Cause, Pong, Record, default_codec
+from contract.clock import now_ms
 from contract.partitioning import partition_for
 from contract.settings import Settings
 
@@ -56,10 +58,18 @@ async def test_the_inbox_reader_hands_on_only_this_agents_records_from_now_on(ka
         # Sent before start: the reader starts at the end, so never sees it.
         await raw.send_and_wait(inbox, key=AGENT.encode(), value=codec.encode(_pong("before")))
         await transport.start()
-        await transport.send(inbox, _neighbour(partitions), _pong("not-mine"))
+        worker = await ensure_identity(kafka_settings, "worker", role="worker")
+
+        async def from_worker(key: str, record: Pong) -> None:
+            value = codec.encode(record)
+            await raw.send_and_wait(inbox, key=key.encode(), value=value,
+                                    headers=worker.sign(inbox, key.encode(), value, now_ms()))
+
+        await from_worker(_neighbour(partitions), _pong("not-mine"))
         await raw.send_and_wait(inbox, key=AGENT.encode(), value=b"not avro at all")
-        await transport.send(inbox, AGENT, _pong("first"))
-        await transport.send(inbox, AGENT, _pong("second"))
+        await transport.send(inbox, AGENT, _pong("forged"))  # signed, but by an agent: never handed on
+        await from_worker(AGENT, _pong("first"))
+        await from_worker(AGENT, _pong("second"))
         await asyncio.wait_for(inbox_seen.arrived.wait(), 20)
         await asyncio.sleep(0.3)  # anything wrongly handed on would show up by now
     finally:
@@ -67,6 +77,7 @@ async def test_the_inbox_reader_hands_on_only_this_agents_records_from_now_on(ka
         await raw.stop()
     assert [record.ping_id for record in inbox_seen.records if isinstance(record, Pong)] == ["first", "second"]
     assert len(inbox_seen.records) == 2
+    assert transport.forged == 1
 
 
 async def test_send_lands_on_the_partition_of_its_key(kafka_settings: Settings) -> None:

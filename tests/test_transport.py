@@ -7,6 +7,7 @@ import inspect
 from aiokafka import AIOKafkaConsumer
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from contract.identity import Signer
 from contract.settings import Settings
 from runtime.transport import Consumer, Transport
 from runtime.worker import create_app, faust_settings
@@ -18,6 +19,10 @@ async def test_aiokafka_reads_the_fetch_wait_from_the_attribute_we_set() -> None
     assert "fetch_max_wait_ms=self._fetch_max_wait_ms" in inspect.getsource(AIOKafkaConsumer.start)
 
 
+WORKER_KEY = Signer.generate("worker").private_pem().decode()
+"""A worker identity from a secret store (no key file, no registry: these tests start no worker)."""
+
+
 def test_faust_still_hard_codes_its_fetch_wait() -> None:
     # When this fails, faust exposes the setting: drop streams/transport.py and use it.
     source = inspect.getsource(faust_aiokafka.AIOKafkaConsumerThread._create_worker_consumer)
@@ -25,7 +30,7 @@ def test_faust_still_hard_codes_its_fetch_wait() -> None:
 
 
 def test_app_uses_arbiter_transport_and_tuned_settings(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    settings = Settings(home=tmp_path, fetch_max_wait_ms=7, commit_interval=0.3)
+    settings = Settings(home=tmp_path, fetch_max_wait_ms=7, commit_interval=0.3, identity_key=WORKER_KEY)
     app = create_app(settings)
     assert isinstance(app.transport, Transport)
     assert app.transport.Consumer is Consumer
@@ -36,7 +41,7 @@ def test_app_uses_arbiter_transport_and_tuned_settings(tmp_path) -> None:  # typ
 
 
 async def test_the_worker_consumer_really_gets_our_fetch_wait(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    app = create_app(Settings(home=tmp_path, fetch_max_wait_ms=7))
+    app = create_app(Settings(home=tmp_path, fetch_max_wait_ms=7, identity_key=WORKER_KEY))
     consumer = app.consumer._thread._create_worker_consumer(app.transport)
     try:
         assert consumer._fetch_max_wait_ms == 7

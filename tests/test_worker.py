@@ -13,6 +13,8 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from agents import ArbiterClient, ArbiterTimeout
 from arbiter.processes import WorkerPool, wait_until_served
 from contract import Cause, DeadLetter, LockRequested, Ping, SagaFinished, default_codec
+from contract.clock import now_ms
+from contract.identity import ROLE_WORKER, Signer, key_file, write_private_key
 from contract.partitioning import key_for_partition
 from contract.settings import Settings
 from runtime.topics import ensure_topics
@@ -22,12 +24,16 @@ from .conftest import isolated_settings
 pytestmark = pytest.mark.kafka
 
 
-async def _produce(settings: Settings, key: bytes, values: list[bytes]) -> None:
+async def _produce(settings: Settings, key: bytes, values: list[bytes], signer: Signer | None = None,
+                   unsigned: frozenset[int] = frozenset()) -> None:
+    """Send ``values`` keyed ``key``, signed by ``signer`` except those whose index is in ``unsigned``."""
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, max_request_size=4 * settings.max_message_bytes)
     await producer.start()
+    topic = settings.topics.resource_commands
     try:
-        for value in values:
-            await producer.send_and_wait(settings.topics.resource_commands, key=key, value=value)
+        for i, value in enumerate(values):
+            headers = signer.sign(topic, key, value, now_ms()) if signer is not None and i not in unsigned else None
+            await producer.send_and_wait(topic, key=key, value=value, headers=headers)
     finally:
         await producer.stop()
 
@@ -81,8 +87,14 @@ async def test_malformed_messages_are_dead_lettered_and_the_partition_keeps_flow
         (oversized, "too_large"),
         (unsupported, "unsupported_command"),
         (misrouted, "key_mismatch"),
+        (misrouted, "unauthenticated"),  # the same, unsigned: refused at the trust gate before anything else
     ]
-    await _produce(settings, b"doc:1", [value for value, _reason in bad])
+    # Signed with the workers' own key (which may send anything), so each reaches the check it is about;
+    # the worker registers the key when it starts.
+    worker_key = Signer.generate(ROLE_WORKER)
+    write_private_key(key_file(settings.home, ROLE_WORKER), worker_key)
+    await _produce(settings, b"doc:1", [value for value, _reason in bad], worker_key,
+                   unsigned=frozenset({len(bad) - 1}))
 
     pool = WorkerPool(settings)
     pool.start(1)

@@ -104,12 +104,15 @@ async def test_ring_of_sagas_victim_is_compensated_and_the_others_finish(bootstr
             go.set()
             await asyncio.wait_for(asyncio.gather(*tasks), 90)
         # The victim is the youngest on the ring: the agent whose delegation the broker appended last
-        # (agents' own clocks do not count).
+        # (agents' own clocks do not count); two appended in the same millisecond are equally young,
+        # and then the smaller agent id loses.
         (detection,) = [r for _o, r in await _read_edge_log(settings) if isinstance(r, DeadlockDetected)]
         victim = detection.victim
-        delegations = [r for _o, r in await _read_edge_log(settings)
-                       if isinstance(r, WaitEdgeAdded) and r.source == "delegation"]
-        assert victim == delegations[-1].waiter
+        appended: dict[str, int] = {}
+        for at, r in await _read_edge_log(settings, times=True):
+            if isinstance(r, WaitEdgeAdded) and r.source == "delegation":
+                appended.setdefault(r.waiter, at)  # an agent's age: its earliest delegation
+        assert victim == min(appended, key=lambda name: (-appended[name], name)), appended
         successor = names[(names.index(victim) + 1) % 4]
         assert results[victim].startswith(f"COMPENSATED: Circular dependency detected with {successor}"), results
         assert all(results[n] == "COMPLETED" for n in names if n != victim), results
@@ -192,13 +195,15 @@ def _cyclic(edges: set[tuple[str, str]]) -> bool:
         remaining = stripped
 
 
-async def _read_edge_log(settings: Settings) -> list[tuple[int, Any]]:
+async def _read_edge_log(settings: Settings, times: bool = False) -> list[tuple[int, Any]]:
+    """(offset, record) of every wait-edge message; (broker append time, record) with ``times``."""
     from arbiter.audit.log import read_log
     from contract.partitioning import partition_for
 
     partition = partition_for(settings.graph_key.encode(), settings.partitions)
     log = await read_log(settings, only=[(settings.topics.wait_edges, partition)])
-    return [(e.offset, e.record) for e in log.of(settings.topics.wait_edges) if e.record is not None]
+    return [(e.timestamp_ms if times else e.offset, e.record) for e in log.of(settings.topics.wait_edges)
+            if e.record is not None]
 
 
 @pytest.mark.parametrize("agents", [2, 5, 8])

@@ -237,3 +237,33 @@ async def test_the_demo_view_skips_what_it_cannot_decode_and_raises_its_own_bugs
     monkeypatch.setattr(LiveState, "feed", broken)
     with pytest.raises(ZeroDivisionError, match="a bug in the view's fold"):
         await view(LiveState())
+
+
+@pytest.mark.kafka
+def test_agents_add_list_rotate_revoke_from_a_shell(kafka_settings: Settings) -> None:
+    import json
+
+    env = settings_env(kafka_settings)
+
+    def agents(*args: str) -> subprocess.CompletedProcess[str]:
+        return arbiter("agents", *args, env=env, timeout=120)
+
+    added = agents("add", "alice", "--allow", "ticket:,doc:alice", "--tenant", "acme")
+    assert added.returncode == 0, added.stderr
+    key = kafka_settings.home / "keys" / "alice.key"
+    assert key.stat().st_mode & 0o777 == 0o600 and (key.parent.stat().st_mode & 0o777) == 0o700
+    assert (kafka_settings.home / "keys" / "admin.pub").exists()  # the admin key, created on first use
+    again = agents("add", "alice")
+    assert again.returncode == 1 and "already has an active key" in again.stderr
+    printed = agents("add", "bob", "--print-key")
+    assert printed.returncode == 0 and printed.stdout.startswith("-----BEGIN PRIVATE KEY-----")
+    assert not (kafka_settings.home / "keys" / "bob.key").exists()  # shown once, never written
+    assert agents("rotate", "alice").returncode == 0
+    assert agents("revoke", "bob", "--reason", "left the team").returncode == 0
+    rows = [json.loads(line) for line in agents("list", "--json").stdout.splitlines()]
+    assert sorted((r["name"], r["status"]) for r in rows) == [("alice", "active"), ("alice", "rotated"),
+                                                              ("bob", "revoked")]
+    assert all(r["allow"] == ["ticket:", "doc:alice"] and r["tenant"] == "acme" for r in rows if r["name"] == "alice")
+    assert [r["reason"] for r in rows if r["name"] == "bob"] == ["left the team"]
+    bad = agents("add", "saga:x")
+    assert bad.returncode == 1 and "reserved" in bad.stderr and "Traceback" not in bad.stderr

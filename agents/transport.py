@@ -149,7 +149,7 @@ class KafkaTransport:
         registry = self._feed.registry
         args = (message.topic, message.key, message.value, message.headers, message.timestamp)
         verdict = registry.verify(*args)
-        if isinstance(verdict, Refused) and verdict.detail.startswith("unknown signing key"):
+        if isinstance(verdict, Refused) and verdict.unknown_key:
             await self._feed.catch_up(timeout=5.0)  # a worker registered a moment ago
             verdict = registry.verify(*args)
         if isinstance(verdict, Refused) or verdict.role != ROLE_WORKER:

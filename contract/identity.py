@@ -164,6 +164,8 @@ class Refused:
 
     reason: Reason
     detail: str
+    unknown_key: bool = False
+    """Signed by a key the registry does not know (yet): worth one look at the registry's latest."""
 
 
 def _header(headers: Headers | None, name: str) -> bytes | None:
@@ -245,7 +247,7 @@ class Registry:
         if entry is None or public is None:
             anchor = self._anchors.get(kid)
             if anchor is None:
-                return Refused(Reason.UNAUTHENTICATED, f"unknown signing key {kid[:16]}")
+                return Refused(Reason.UNAUTHENTICATED, f"unknown signing key {kid[:16]}", unknown_key=True)
             # An admin key signs as "admin" even before (or without) its own registry record.
             entry = IdentityRegistered(key_id=kid, name=ROLE_ADMIN, role=ROLE_ADMIN, public_key=b"\0" * 32,
                                        status=ACTIVE, valid_from_ms=0, at_ms=0)

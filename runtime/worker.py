@@ -288,7 +288,7 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
             await follow_registry()
         value = bytes(event.value or b"")
         admitted = gate.admit(msg.topic, event.key, value, msg.headers, record, at_ms)
-        if isinstance(admitted, Refused) and admitted.detail.startswith("unknown signing key"):
+        if isinstance(admitted, Refused) and admitted.unknown_key:
             await feed.catch_up(timeout=5.0)
             admitted = gate.admit(msg.topic, event.key, value, msg.headers, record, at_ms)
         return admitted

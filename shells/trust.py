@@ -27,7 +27,7 @@ from contract import (
     ToolRejected,
 )
 from contract.identity import RESERVED_PREFIXES, Headers, Refused, Registry, Verified
-from contract.reasons import Reason, what_to_do
+from contract.reasons import what_to_do
 from cores.trust import authorize
 
 from .routes import Routes
@@ -80,4 +80,4 @@ def refusal_answers(record: Record, refused: Refused, routes: Routes, now_ms: in
     return [(routes.agent_inbox, agent.encode(), answer)]
 
 
-__all__ = ["Admitted", "Gate", "Reason", "Refused", "Verified", "refusal_answers"]
+__all__ = ["Admitted", "Gate", "Refused", "Verified", "refusal_answers"]

@@ -25,7 +25,7 @@ from faust.serializers import codecs
 
 from contract import Cause, ContractError, LockTick, Record, ToolIntent, WorkerStarted, default_codec
 from contract.clock import now_ms
-from contract.identity import ROLE_WORKER, Refused, Registry, anchors_for, signer_for
+from contract.identity import ACTIVE, ROLE_WORKER, Refused, Registry, Verified, anchors_for, signer_for
 from contract.kafkaauth import faust_credentials, kafka_client_options
 from contract.reasons import Reason
 from contract.registryfeed import RegistryFeed
@@ -219,7 +219,7 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
                 return
             await feed.start()
             mine = registry.entries.get(signer.key_id)
-            if settings.verify_signatures and (mine is None or mine.role != ROLE_WORKER or mine.status != "active"):
+            if settings.verify_signatures and (mine is None or mine.role != ROLE_WORKER or mine.status != ACTIVE):
                 app.log.error("this worker's key %s (%s) is not registered as an active worker identity; run "
                               "'arbiter agents add %s --role worker'", signer.key_id[:16], signer.name, signer.name)
             feed_ready.set()
@@ -279,7 +279,7 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
 
     shell_routes = Routes.of(topics, rules.graph_key)
 
-    async def admit(msg: Any, event: Any, record: Record, at_ms: int) -> Any:
+    async def admit(msg: Any, event: Any, record: Record, at_ms: int) -> Verified | Refused | None:
         """The gate's verdict on one input; an unknown key is looked up once more in the registry
         (it may have been registered a moment ago) before it is refused."""
         if not gate.enabled:

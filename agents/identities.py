@@ -75,20 +75,6 @@ async def _until(at_ms: int) -> None:
     await asyncio.sleep(max(0, at_ms - now_ms()) / 1000)
 
 
-async def send_signed(settings: Settings, signer: Signer, messages: Iterable[tuple[str, str, Record]]) -> None:
-    """Send (topic, key, record) messages, each signed by ``signer``; return once the broker has them."""
-    codec = default_codec(settings.max_message_bytes)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all", linger_ms=0,
-                                **kafka_client_options(settings))
-    await producer.start()
-    try:
-        for topic, key, record in messages:
-            value, raw = codec.encode(record), key.encode()
-            await producer.send_and_wait(topic, value, key=raw, headers=signer.sign(topic, raw, value, now_ms()))
-    finally:
-        await producer.stop()
-
-
 class Registrar:
     """The admin's operations on the registry topic."""
 
@@ -110,8 +96,18 @@ class Registrar:
 
     async def publish(self, entries: Iterable[IdentityRegistered]) -> None:
         """Write registry records, each signed by the admin key."""
-        topic = self.settings.topics.registry
-        await send_signed(self.settings, self.admin, [(topic, entry.key_id, entry) for entry in entries])
+        producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0,
+                                    **kafka_client_options(self.settings))
+        await producer.start()
+        try:
+            topic = self.settings.topics.registry
+            for entry in entries:
+                value = self.codec.encode(entry)
+                key = entry.key_id.encode()
+                headers = self.admin.sign(topic, key, value, now_ms())
+                await producer.send_and_wait(topic, value, key=key, headers=headers)
+        finally:
+            await producer.stop()
 
     async def add(self, name: str, *, role: str = ROLE_AGENT, tenant: str = "", allow: Iterable[str] = (),
                   keep_key: bool = True) -> Signer:
@@ -204,9 +200,18 @@ class Operator:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.admin = admin_signer(settings.home, create=False)
+        self.codec = default_codec(settings.max_message_bytes)
 
     async def _send(self, topic: str, key: str, record: Record) -> None:
-        await send_signed(self.settings, self.admin, [(topic, key, record)])
+        producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0,
+                                    **kafka_client_options(self.settings))
+        await producer.start()
+        try:
+            value = self.codec.encode(record)
+            raw = key.encode()
+            await producer.send_and_wait(topic, value, key=raw, headers=self.admin.sign(topic, raw, value, now_ms()))
+        finally:
+            await producer.stop()
 
     async def revoke(self, resource: str, agent_id: str, reason: str, token: int | None = None) -> str:
         """Force-release ``agent_id``'s lease (or queued request) on ``resource``; the request id."""

@@ -14,11 +14,9 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from arbiter.localkafka import broker_answers
 from arbiter.processes import WorkerPool
-from contract.kafkaauth import kafka_client_options
 from contract.settings import Settings, Topics, load_settings
 from runtime.topics import ensure_topics
 
@@ -126,21 +124,3 @@ async def worker(kafka_settings: Settings, workers: WorkerPool) -> AsyncIterator
     async with ArbiterClient("warmup", kafka_settings) as client:
         await wait_until_served(client, workers, keys)
     yield workers
-
-
-async def read_all(settings: Settings, topic: str) -> list[bytes]:
-    """Every message of partition 0, read without a consumer group (as the SDK reads its inbox)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest", **kafka_client_options(settings))
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        end = (await consumer.end_offsets([tp]))[tp]
-        values: list[bytes] = []
-        while len(values) < end:
-            for messages in (await consumer.getmany(tp, timeout_ms=5000)).values():
-                values.extend(m.value for m in messages)
-        return values
-    finally:
-        await consumer.stop()

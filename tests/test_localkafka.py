@@ -12,13 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from arbiter.localkafka import POM, LocalKafka, LocalKafkaError, broker_answers
 from contract.settings import Settings, load_settings
 from runtime.topics import ensure_topics
-
-from .conftest import read_all
 
 pytestmark = pytest.mark.kafka
 
@@ -59,6 +57,23 @@ async def _produce(settings: Settings, value: bytes) -> None:
         await producer.stop()
 
 
+async def _consume_all(settings: Settings) -> list[bytes]:
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
+                                auto_offset_reset="earliest", enable_auto_commit=False)
+    await consumer.start()
+    try:
+        tp = TopicPartition(settings.topics.resource_events, 0)
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        values: list[bytes] = []
+        while len(values) < end:
+            for messages in (await consumer.getmany(tp, timeout_ms=5000)).values():
+                values.extend(m.value for m in messages)
+        return values
+    finally:
+        await consumer.stop()
+
+
 def test_up_twice_down_up_keeps_messages_and_reset_wipes(broker: LocalKafka, own_settings: Settings) -> None:
     assert broker.up().startswith("started")
     first_pid = broker.pid()
@@ -74,7 +89,7 @@ def test_up_twice_down_up_keeps_messages_and_reset_wipes(broker: LocalKafka, own
     assert broker.down() == "not running"
 
     assert broker.up().startswith("started")
-    assert asyncio.run(read_all(own_settings, own_settings.topics.resource_events)) == [b"kept across restarts"]
+    assert asyncio.run(_consume_all(own_settings)) == [b"kept across restarts"]
 
     assert "data wiped" in broker.reset()
     assert not (broker.data / "meta.properties").exists()

@@ -19,15 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from arbiter.localkafka import POM, LocalKafka, LocalKafkaError, broker_answers, secure_acls
 from contract.kafkaauth import KafkaAuthError, faust_credentials, kafka_client_options, load_credentials
 from contract.settings import Settings, load_settings
-
-from .conftest import read_all
 
 pytestmark = pytest.mark.kafka
 
@@ -108,6 +106,24 @@ async def produce(settings: Settings, topic: str, value: bytes) -> None:
         await producer.send_and_wait(topic, key=b"k", value=value)
     finally:
         await producer.stop()
+
+
+async def read_all(settings: Settings, topic: str) -> list[bytes]:
+    """Every message of partition 0, read without a consumer group (as the SDK reads its inbox)."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, enable_auto_commit=False,
+                                auto_offset_reset="earliest", **kafka_client_options(settings))
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]
+        values: list[bytes] = []
+        while len(values) < end:
+            for messages in (await consumer.getmany(tp, timeout_ms=5000)).values():
+                values.extend(m.value for m in messages)
+        return values
+    finally:
+        await consumer.stop()
 
 
 def test_credentials_are_private_and_complete(broker: LocalKafka, base: Settings) -> None:

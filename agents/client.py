@@ -4,10 +4,11 @@ Theory of operation
 -------------------
 Commands go to the resource-command topic, keyed by resource (the processors decide
 per key, in order). Outcomes come back on the agent-inbox topic, keyed by agent id.
-The Kafka side of that (the producer, and the reader of the one inbox partition this
-agent id lands on) is ``agents.transport``; this module is the facade. It hands each
-inbox record to the route registered for its request id. Nothing polls: a waiting
-call is a suspended future.
+The Kafka side of that (signing and sending, and this agent's inbox records, through
+the producer and inbox reader every client in the process shares) is
+``agents.transport`` and ``agents.hub``; this module is the facade. It hands each inbox
+record to the route registered for its request id; a record for an id it does not
+know is ignored. Nothing polls: a waiting call is a suspended future.
 """
 
 from __future__ import annotations

@@ -1,40 +1,37 @@
-"""The SDK's Kafka transport: one producer for every command, one reader for the agent's inbox.
+"""The SDK's Kafka transport: one agent's commands out, that agent's inbox records in.
 
 Theory of operation
 -------------------
-``send(topic, key, record)`` encodes a record and waits until every in-sync replica
-has it (``acks="all"``, no lingering). The processors decide per key, in order, so the
-caller names the key: the resource, the saga, the wait graph.
+``send(topic, key, record)`` encodes a record, signs it with this agent's own key
+(``contract.identity``) and waits until every in-sync replica has it (``acks="all"``,
+no lingering). The processors decide per key, in order, so the caller names the key:
+the resource, the saga, the wait graph.
 
-Outcomes come back on the agent-inbox topic, keyed by agent id. The transport reads
-only the inbox partition the agent id lands on (``contract.partitioning``, the rule
-the workers use too), from its end, committed records only, and pins that position
-before ``start`` returns, so no outcome of a command sent afterwards is missed. Each
-record keyed by this agent that the codec understands goes to ``on_record``; what it
-means is the facade's business (``agents.client``).
+Outcomes come back on the agent-inbox topic, keyed by agent id. The Kafka clients are
+not this agent's own: every transport in the process with the same connection settings
+shares one producer, one registry feed and one inbox reader (``agents.hub``). ``start``
+joins that hub, which pins this agent's start in its inbox partition before returning,
+so no outcome of a command sent afterwards is missed. The reader hands this transport
+only records keyed by this agent; each one the codec understands goes to ``on_record``;
+what it means is the facade's business (``agents.client``).
 
-Trust: every command is signed with the agent's key (``contract.identity``), and an inbox
-record reaches ``on_record`` only when a worker identity signed it; anything else is
-counted in ``forged``, logged, and never acted on.
+Trust: an inbox record reaches ``on_record`` only when a worker identity signed it;
+anything else is counted in this agent's ``forged``, logged, and never acted on.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-
 from contract import Codec, ContractError, Record
 from contract.clock import now_ms
-from contract.identity import ROLE_WORKER, Refused, Registry, Signer, anchors_for, key_file, signer_for
-from contract.kafkaauth import kafka_client_options
-from contract.partitioning import partition_for
+from contract.identity import ROLE_WORKER, Refused, Signer, key_file, signer_for
 from contract.registryfeed import RegistryFeed
 from contract.settings import Settings
 
+from . import hub as hubs
 from .identities import ensure_identity
 
 log = logging.getLogger(__name__)
@@ -46,16 +43,15 @@ _NOT_STARTED = "ArbiterClient is not started; use 'async with ArbiterClient(...)
 
 
 class KafkaTransport:
-    """Sends records to Arbiter's topics and reads one agent's inbox. ``start`` before, ``close`` after."""
+    """Sends one agent's records to Arbiter's topics and reads its inbox. ``start`` before, ``close`` after."""
 
     def __init__(self, agent_id: str, settings: Settings, codec: Codec, on_record: OnRecord) -> None:
         self.agent_id = agent_id
         self.settings = settings
         self.codec = codec
         self._on_record = on_record
-        self._producer: AIOKafkaProducer | None = None
-        self._consumer: AIOKafkaConsumer | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self.hub: hubs.InboxHub | None = None
+        """The Kafka clients this transport shares with the process's others (None until started)."""
         self._signer: Signer | None = None
         self._feed: RegistryFeed | None = None
         self.forged = 0
@@ -75,73 +71,36 @@ class KafkaTransport:
     async def start(self) -> None:
         """Connect, and start reading this agent's inbox from its current end."""
         self._signer = await self._identity()
-        if self.settings.verify_signatures:
-            registry = Registry(anchors_for(self.settings.home, self.settings.admin_public_keys))
-            self._feed = RegistryFeed(registry, self.settings.topics.registry, self.settings.bootstrap, self.codec,
-                                      **kafka_client_options(self.settings))
-            await self._feed.start()
-        servers = self.settings.bootstrap
-        kafka = kafka_client_options(self.settings)
-        self._producer = AIOKafkaProducer(bootstrap_servers=servers, acks="all", linger_ms=0, **kafka,
-                                          max_request_size=2 * self.settings.max_message_bytes)
-        await self._producer.start()
-        inbox = self.settings.topics.agent_inbox
-        partitions = await self._producer.partitions_for(inbox)
-        partition = partition_for(self.agent_id.encode(), len(partitions))
-        self._consumer = AIOKafkaConsumer(
-            bootstrap_servers=servers,
-            enable_auto_commit=False,
-            fetch_max_wait_ms=50,
-            group_id=None,
-            # Under exactly_once, workers write in transactions: never act on an aborted one.
-            isolation_level="read_committed",
-            **kafka,
-        )
-        await self._consumer.start()
-        tp = TopicPartition(inbox, partition)
-        self._consumer.assign([tp])
-        await self._consumer.seek_to_end(tp)
-        await self._consumer.position(tp)  # pin the position before any command is sent
-        self._reader = asyncio.create_task(self._read_inbox(), name=f"arbiter-inbox-{self.agent_id}")
+        hub = await hubs.join(self.settings, self.agent_id, self)
+        self._feed = hub.feed
+        self.hub = hub
 
     async def close(self) -> None:
-        """Stop reading and disconnect."""
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-            self._reader = None
-        if self._consumer is not None:
-            await self._consumer.stop()
-            self._consumer = None
-        if self._producer is not None:
-            await self._producer.stop()
-            self._producer = None
-        if self._feed is not None:
-            await self._feed.stop()
-            self._feed = None
+        """Stop reading; the last transport of a hub disconnects it."""
+        hub, self.hub = self.hub, None
+        if hub is not None:
+            await hub.leave(self.agent_id, self)
 
     async def send(self, topic: str, key: str, record: Record) -> None:
         """Encode ``record`` and send it to ``topic`` under ``key``; return once the broker has it."""
-        if self._producer is None:
+        if self.hub is None or self.hub.producer is None:
             raise RuntimeError(_NOT_STARTED)
         value = self.codec.encode(record)
         raw_key = key.encode()
         headers = self._signer.sign(topic, raw_key, value, now_ms()) if self._signer is not None else None
-        await self._producer.send_and_wait(topic, key=raw_key, value=value, headers=headers)
+        await self.hub.producer.send_and_wait(topic, key=raw_key, value=value, headers=headers)
 
-    async def _read_inbox(self) -> None:
-        assert self._consumer is not None
-        own_key = self.agent_id.encode()
-        async for message in self._consumer:
-            if message.key != own_key or message.value is None:
-                continue
-            try:
-                record: Record = self.codec.decode(message.value)
-            except ContractError:
-                continue  # not for a client this version understands; the workers dead-letter
-            if self._feed is not None and not await self._from_worker(message):
-                continue
-            self._on_record(record)
+    async def deliver(self, message: Any) -> None:
+        """One inbox message keyed by this agent (the hub's reader calls this): decode, verify, hand on."""
+        if message.value is None:
+            return
+        try:
+            record: Record = self.codec.decode(message.value)
+        except ContractError:
+            return  # not for a client this version understands; the workers dead-letter
+        if self._feed is not None and not await self._from_worker(message):
+            return
+        self._on_record(record)
 
     async def _from_worker(self, message: Any) -> bool:
         """Whether a worker identity signed this inbox message (else it is counted and dropped)."""

@@ -1,0 +1,246 @@
+"""One process's Kafka clients for its SDK agents: one producer, one inbox reader, one registry feed.
+
+Theory of operation
+-------------------
+Every ``ArbiterClient`` in a process that connects with the same settings (bootstrap,
+Kafka login, inbox and registry topics, verification and its trust anchors, message
+size) shares one ``InboxHub``: one producer for every agent's commands, one
+``RegistryFeed`` for checking the workers' signatures, and one consumer reading the
+inbox. Different settings get different hubs. Hubs belong to an event loop: a hub is
+only found from the loop that made it, so one from a closed loop is never reused.
+The first client to join starts the hub; the last to leave closes it.
+
+The consumer is assigned the union of the inbox partitions its agents' ids land on
+(``contract.partitioning``, the workers' rule), committed records only. The reader
+looks each record's key up in a dict of the agents that joined; a record for any
+other agent is skipped there, never decoded or verified. A joined agent's records go
+to its ``Member.deliver``, which decodes, verifies and counts forgeries for that agent
+alone (``agents.transport``).
+
+Joining pins the agent's start before ``join`` returns, so no outcome of a command it
+sends afterwards is missed. ``join`` asks for the end offset of the agent's partition;
+the agent gets only records from that offset on (the reader may lag, and be behind
+it on a partition it already reads). A partition no one read yet is added to the
+assignment at that offset. ``assign`` replaces a whole assignment and forgets its
+positions, so the hub keeps its own: for each assigned partition, the offset after the
+last record ``getmany`` handed the reader, recorded before any of them is dispatched.
+A new assignment seeks every partition back to that offset, in the same step with no
+await between (the reader cannot fetch in between), so the partitions already read
+lose and repeat nothing. A partition whose last agent leaves is dropped the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from collections import Counter
+from typing import Any, Protocol
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+from contract import default_codec
+from contract.identity import Registry, anchors_for
+from contract.kafkaauth import kafka_client_options
+from contract.partitioning import partition_for
+from contract.registryfeed import RegistryFeed
+from contract.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Member(Protocol):
+    """What the reader hands an agent's inbox records to."""
+
+    async def deliver(self, message: Any) -> None:
+        """Handle one raw inbox message keyed by this agent (an aiokafka ``ConsumerRecord``)."""
+
+
+HubKey = tuple[object, ...]
+
+_HUBS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[HubKey, InboxHub]] = weakref.WeakKeyDictionary()
+
+
+def hub_key(settings: Settings) -> HubKey:
+    """Which clients may share a hub: those whose connection and trust settings are all equal."""
+    anchors = tuple(sorted(anchors_for(settings.home, settings.admin_public_keys))) \
+        if settings.verify_signatures else ()
+    return (settings.bootstrap, settings.kafka_security_protocol, settings.kafka_sasl_mechanism,
+            settings.kafka_username, settings.kafka_password, settings.topics.agent_inbox,
+            settings.topics.registry, settings.verify_signatures, anchors, settings.max_message_bytes)
+
+
+async def join(settings: Settings, agent_id: str, member: Member) -> InboxHub:
+    """Join this loop's hub for ``settings`` (starting it if needed) and start reading ``agent_id``'s inbox.
+
+    Returns once the start position is pinned. ``hub.leave(agent_id, member)`` undoes it.
+    """
+    hubs = _HUBS.setdefault(asyncio.get_running_loop(), {})
+    key = hub_key(settings)
+    hub = hubs.get(key)
+    if hub is None:
+        hub = hubs[key] = InboxHub(settings, key)
+    hub.refs += 1  # before any await: a client leaving meanwhile must not close it under us
+    try:
+        await hub.started()
+        await hub.add(agent_id, member)
+    except BaseException:
+        await hub.release()
+        raise
+    return hub
+
+
+class InboxHub:
+    """The shared producer, registry feed and inbox reader of the clients with one ``hub_key``."""
+
+    def __init__(self, settings: Settings, key: HubKey) -> None:
+        self.settings = settings
+        self.key = key
+        self.refs = 0
+        """Clients that joined, or are joining, and have not left."""
+        self.producer: AIOKafkaProducer | None = None
+        self.consumer: AIOKafkaConsumer | None = None
+        self.feed: RegistryFeed | None = None
+        """The registry the workers' signatures are checked against; None when verification is off."""
+        self.members: dict[bytes, list[tuple[Member, int]]] = {}
+        """Per inbox key (agent id): who gets its records, and from which offset on."""
+        self._agents_on: Counter[TopicPartition] = Counter()
+        self._next: dict[TopicPartition, int] = {}
+        """The partitions to read, each with the offset after the last record the reader was handed."""
+        self._partitions = 0
+        self._starting: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def started(self) -> None:
+        """Start the Kafka clients once; every joiner awaits the same start."""
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._starting)
+
+    async def _start(self) -> None:
+        settings = self.settings
+        kafka = kafka_client_options(settings)
+        try:
+            if settings.verify_signatures:
+                registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
+                self.feed = RegistryFeed(registry, settings.topics.registry, settings.bootstrap,
+                                         default_codec(settings.max_message_bytes), **kafka)
+                await self.feed.start()
+            self.producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all", linger_ms=0,
+                                             max_request_size=2 * settings.max_message_bytes, **kafka)
+            await self.producer.start()
+            self._partitions = len(await self.producer.partitions_for(settings.topics.agent_inbox))
+            self.consumer = AIOKafkaConsumer(
+                bootstrap_servers=settings.bootstrap,
+                enable_auto_commit=False,
+                fetch_max_wait_ms=50,
+                group_id=None,
+                # Under exactly_once, workers write in transactions: never act on an aborted one.
+                isolation_level="read_committed",
+                **kafka,
+            )
+            await self.consumer.start()
+            # Metadata for the inbox topic alone (an empty assignment would ask for the whole cluster's).
+            await self.consumer._client.add_topic(settings.topics.agent_inbox)
+        except BaseException:
+            self._forget()  # later clients start a new hub; the joiners waiting on this one release it
+            raise
+        self._reader = asyncio.create_task(self._read(), name="arbiter-inbox")
+
+    async def release(self) -> None:
+        """One client less; the last one closes the Kafka clients."""
+        self.refs -= 1
+        if self.refs > 0:
+            return
+        self._forget()
+        if self._starting is not None and not self._starting.done():
+            self._starting.cancel()
+        tasks = [task for task in (self._starting, self._reader) if task is not None]
+        if self._reader is not None:
+            self._reader.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self.consumer is not None:
+            await self.consumer.stop()
+        if self.producer is not None:
+            await self.producer.stop()
+        if self.feed is not None:
+            await self.feed.stop()
+
+    def _forget(self) -> None:
+        """No new client finds this hub any more."""
+        hubs = _HUBS.get(asyncio.get_running_loop(), {})
+        if hubs.get(self.key) is self:
+            del hubs[self.key]
+
+    # -- membership -------------------------------------------------------------------
+
+    def partition_of(self, agent_id: str) -> TopicPartition:
+        """The inbox partition ``agent_id``'s records land on."""
+        return TopicPartition(self.settings.topics.agent_inbox, partition_for(agent_id.encode(), self._partitions))
+
+    async def add(self, agent_id: str, member: Member) -> None:
+        """Hand ``member`` ``agent_id``'s inbox records from the partition's current end on."""
+        assert self.consumer is not None
+        tp = self.partition_of(agent_id)
+        end = (await self.consumer.end_offsets([tp]))[tp]
+        # No await from here on: the reader cannot run in between.
+        if tp not in self._next:
+            self._next[tp] = end
+            self._assign()
+        self._agents_on[tp] += 1
+        self.members.setdefault(agent_id.encode(), []).append((member, end))
+
+    async def leave(self, agent_id: str, member: Member) -> None:
+        """Stop handing ``member`` records, and release the hub."""
+        key = agent_id.encode()
+        rest = [entry for entry in self.members.get(key, []) if entry[0] is not member]
+        if len(rest) < len(self.members.get(key, [])):
+            if rest:
+                self.members[key] = rest
+            else:
+                del self.members[key]
+            self._agents_on[self.partition_of(agent_id)] -= 1
+            idle = [tp for tp in self._next if self._agents_on[tp] <= 0]
+            if idle and len(idle) < len(self._next):  # the last one stays: the hub closes, or reuses it
+                for tp in idle:
+                    del self._next[tp]
+                self._assign()
+        await self.release()
+
+    def assignment(self) -> set[TopicPartition]:
+        """The inbox partitions the reader reads."""
+        return set(self.consumer.assignment()) if self.consumer is not None else set()
+
+    def _assign(self) -> None:
+        """Assign exactly the partitions in ``_next``, each at its offset (synchronous: no record is lost
+        or repeated on the partitions already read)."""
+        assert self.consumer is not None
+        self.consumer.assign(list(self._next))
+        for tp, offset in self._next.items():
+            self.consumer.seek(tp, offset)
+
+    # -- the reader -------------------------------------------------------------------
+
+    async def _read(self) -> None:
+        consumer = self.consumer
+        assert consumer is not None
+        while True:
+            batches = await consumer.getmany(timeout_ms=1000)
+            for tp, messages in batches.items():
+                if tp in self._next:
+                    self._next[tp] = messages[-1].offset + 1
+            for messages in batches.values():
+                for message in messages:
+                    entries = self.members.get(message.key)
+                    if not entries:
+                        continue  # another agent's: not decoded, not verified
+                    for member, since in tuple(entries):
+                        if message.offset < since:
+                            continue  # appended before this agent started
+                        try:
+                            await member.deliver(message)
+                        except Exception:  # one client's failure must not stop the others' inbox
+                            log.exception("inbox record at %s[%d]@%d failed for %r", message.topic,
+                                          message.partition, message.offset, message.key)

@@ -4,6 +4,8 @@ Names: codec, core, roundtrip, grant, handoff, throughput, ceiling (leases and f
 check, intent, checks (the gateway); graph, detection (deadlocks); replay (audit, no broker);
 trust-crypto (signing and verifying, no broker), trust-latency (grants with verification on
 versus off). Default: all.
+``python -m bench compare [--reps N] [--quick]``: Arbiter side by side with etcd, ZooKeeper and
+Redis (``bench.compare``; ``./dev bench compare`` installs them), run only when named.
 The Kafka benchmarks need a broker (``./dev bench`` starts the local one) and start
 their own worker processes on topics of their own.
 """
@@ -14,6 +16,7 @@ import argparse
 import asyncio
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -64,6 +67,10 @@ NAMES = ["codec", "core", "roundtrip", "grant", "handoff", "throughput", "ceilin
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["compare"]:  # side by side with etcd, ZooKeeper, Redis: its own options
+        from . import compare
+        compare.main(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of: {', '.join(NAMES)}")

@@ -346,7 +346,9 @@ CPU s: CPU seconds (user + system) over the timed part of the workload; servers 
 broker + its worker, or the one etcd / ZooKeeper / Redis process; client = this benchmark's process.
 The broker is shared (other topics, other users): its CPU per second while the other three systems
 ran (BACKGROUND CPU s/s, median of the repetitions) is taken off Arbiter's, times the run's length;
-"raw" is before that.
+"raw" is before that. Arbiter runs one worker (all partitions); each system one server process.
+A client CPU close to the workload's length (the "in N s" of the lines above the table) means the
+client process, not the server, set the pace: kazoo's two threads per session do that in 3 and 4 here.
 Clients: Arbiter's SDK (each command and inbox message signed and verified); etcd's own lock
 service (v3lock, as `etcdctl lock`) over its JSON gateway with aiohttp, one session lease per client;
 kazoo's Lock recipe (kazoo blocks, so its calls run on threads); redis-py's asyncio Lock with its

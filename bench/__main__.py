@@ -3,7 +3,7 @@
 Names: codec, core, roundtrip, grant, handoff, throughput, ceiling (leases and faust);
 check, intent, checks (the gateway); graph, detection (deadlocks); replay (audit, no broker);
 trust-crypto (signing and verifying, no broker), trust-latency (grants with verification on
-versus off). Default: all.
+versus off); sdk-scale (1, 8, 64 agents in one process). Default: all.
 ``python -m bench compare [--reps N] [--quick]``: Arbiter side by side with etcd, ZooKeeper and
 Redis (``bench.compare``; ``./dev bench compare`` installs them), run only when named.
 The Kafka benchmarks need a broker (``./dev bench`` starts the local one) and start
@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from contract import Cause, Holder, LockGranted, default_codec
 
-from . import deadlock, gateway, leases, replay, trust
+from . import deadlock, gateway, leases, replay, sdk, trust
 from .env import bench_arbiter, key_for_partition
 
 
@@ -63,7 +63,7 @@ async def bench_roundtrip(rate: float, count: int) -> None:
 
 
 NAMES = ["codec", "core", "roundtrip", "grant", "handoff", "throughput", "ceiling", "check", "intent", "checks",
-         "graph", "detection", "replay", "trust-crypto", "trust-latency"]
+         "graph", "detection", "replay", "trust-crypto", "trust-latency", "sdk-scale"]
 
 
 def main() -> None:
@@ -116,6 +116,8 @@ def main() -> None:
         trust.crypto(args.seconds)
     if "trust-latency" in names:
         asyncio.run(trust.latency(args.rate, min(args.count, 600)))
+    if "sdk-scale" in names:
+        asyncio.run(sdk.scale(5 * args.seconds))
 
 
 if __name__ == "__main__":

@@ -148,6 +148,7 @@ class InboxHub:
             self._forget()  # later clients start a new hub; the joiners waiting on this one release it
             raise
         self._reader = asyncio.create_task(self._read(), name="arbiter-inbox")
+        self._reader.add_done_callback(self._reader_ended)
 
     async def release(self) -> None:
         """One client less; the last one closes the Kafka clients."""
@@ -222,6 +223,12 @@ class InboxHub:
             self.consumer.seek(tp, offset)
 
     # -- the reader -------------------------------------------------------------------
+
+    @staticmethod
+    def _reader_ended(reader: asyncio.Task[None]) -> None:
+        if not reader.cancelled() and reader.exception() is not None:
+            log.error("the inbox reader stopped: no client in this process gets outcomes any more",
+                      exc_info=reader.exception())
 
     async def _read(self) -> None:
         consumer = self.consumer

@@ -15,18 +15,21 @@ The consumer is assigned the union of the inbox partitions its agents' ids land 
 looks each record's key up in a dict of the agents that joined; a record for any
 other agent is skipped there, never decoded or verified. A joined agent's records go
 to its ``Member.deliver``, which decodes, verifies and counts forgeries for that agent
-alone (``agents.transport``).
+alone (``agents.transport``). Delivery is in order and one at a time, so a record
+signed by a key the registry does not know yet holds the reader (every agent of the
+hub) while the feed catches up: one round trip, five seconds at most.
 
 Joining pins the agent's start before ``join`` returns, so no outcome of a command it
-sends afterwards is missed. ``join`` asks for the end offset of the agent's partition;
-the agent gets only records from that offset on (the reader may lag, and be behind
-it on a partition it already reads). A partition no one read yet is added to the
-assignment at that offset. ``assign`` replaces a whole assignment and forgets its
-positions, so the hub keeps its own: for each assigned partition, the offset after the
-last record ``getmany`` handed the reader, recorded before any of them is dispatched.
-A new assignment seeks every partition back to that offset, in the same step with no
-await between (the reader cannot fetch in between), so the partitions already read
-lose and repeat nothing. A partition whose last agent leaves is dropped the same way.
+sends afterwards is missed. ``join`` asks for the end offset of the agent's partition,
+and the agent gets only records from that offset on: on a partition it already reads,
+the reader may still be behind it, and what it reads there first is from before the
+agent started. A partition no one read yet is added to the assignment at that offset.
+``assign`` replaces a whole assignment and forgets its positions, so the hub keeps its
+own: for each assigned partition, the offset after the last record ``getmany`` handed
+the reader, recorded before any of them is dispatched. A new assignment seeks every
+partition back to that offset, in the same step with no await between (the reader
+cannot fetch in between), so the partitions already read lose and repeat nothing. A
+partition whose last agent leaves is dropped the same way.
 """
 
 from __future__ import annotations

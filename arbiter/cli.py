@@ -134,13 +134,17 @@ def worker(ctx: click.Context, loglevel: str) -> None:
     settings = settings_of(ctx)
     if not broker_answers(settings.bootstrap, options=kafka_client_options(settings)):
         fail(f"no Kafka answers at {settings.bootstrap}; start one with 'arbiter kafka up' or pass --bootstrap")
-    import faust
-
-    from runtime.worker import create_app
-
     from .identitycli import ensure_worker_identity
 
     ensure_worker_identity(settings)
+    if settings.runtime == "batch":
+        from runtime.batch import run_worker
+
+        run_worker(settings, loglevel)
+        return
+    import faust
+
+    from runtime.worker import create_app
 
     app = create_app(settings)
     faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()

@@ -64,8 +64,17 @@ class Settings(BaseSettings):
     """Replication factor for new topics (1 for the local single-node broker)."""
 
     processing_guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
-    """faust processing guarantee. at_least_once relies on idempotent decisions;
-    exactly_once uses Kafka transactions."""
+    """at_least_once relies on idempotent decisions; exactly_once writes each batch's
+    decisions, state and offsets in one Kafka transaction."""
+
+    runtime: Literal["batch", "faust"] = "batch"
+    """How a worker runs the processors: ``batch`` (aiokafka, one fetched batch at a time;
+    ``runtime/batch.py``) or ``faust`` (faust-streaming's per-message stream path). The README's
+    "Runtime" section has the measured comparison."""
+
+    max_batch: int = Field(default=1000, ge=1, le=100_000)
+    """The most inputs the batched runtime decides per fetch (a batch is whatever has arrived,
+    up to this; it never waits to fill one)."""
 
     topics: Topics = Topics()
 

@@ -152,3 +152,35 @@ def _topic_errors(response: object) -> list[tuple[str, int, str | None]]:
         message = row[2] if len(row) > 2 else None
         out.append((name, code, message))
     return out
+
+
+CHANGELOG_CONFIG = {"cleanup.policy": "compact"}
+"""A changelog keeps the latest state of every key; older values are compacted away."""
+
+
+async def ensure_changelogs(settings: Settings, names: list[str]) -> None:
+    """Create the processors' changelog topics that are missing (compacted, co-partitioned with
+    the inputs); an existing one with another partition count is an error."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=15000,
+                                **kafka_client_options(settings))
+    await admin.start()
+    try:
+        existing = await _partition_counts(admin, names)
+        missing = [n for n in names if n not in existing]
+        if missing:
+            response = await admin.create_topics(
+                [NewTopic(n, settings.partitions, settings.replication_factor, topic_configs=CHANGELOG_CONFIG)
+                 for n in missing], timeout_ms=15000)
+            for name, code, message in _topic_errors(response):
+                if code not in (0, 36):
+                    raise TopicError(f"creating {name} failed: error {code} {message or ''}".strip())
+            await _wait_for_leaders(admin, missing)
+        wrong = {n: c for n, c in existing.items() if c != settings.partitions}
+        if wrong:
+            detail = ", ".join(f"{n} has {c}" for n, c in sorted(wrong.items()))
+            raise TopicError(f"changelog topics must have {settings.partitions} partitions, like their inputs, "
+                             f"but {detail}")
+    except KafkaError as exc:
+        raise TopicError(f"the broker at {settings.bootstrap} refused: {exc}") from exc
+    finally:
+        await admin.close()

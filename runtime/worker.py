@@ -1,4 +1,7 @@
-"""The faust application: settings reviewed for latency, and the processors wired up.
+"""The faust runtime (``ARBITER_RUNTIME=faust``): settings reviewed for latency, and the processors wired up.
+
+The default runtime is ``runtime.batch``; this one is kept for the side-by-side comparison
+(README "Runtime") and for logs decided by it.
 
 Processors stay thin: decode (dead-lettering what does not decode), hand the command
 to a pure decision core, send the events it returns. Nothing else lives here.
@@ -11,8 +14,6 @@ import itertools
 import json
 import logging
 import os
-import signal
-import socket
 import sys
 import threading
 import time
@@ -23,7 +24,7 @@ import faust
 from aiokafka import AIOKafkaProducer
 from faust.serializers import codecs
 
-from contract import Cause, ContractError, LockTick, Record, ToolIntent, WorkerStarted, default_codec
+from contract import Cause, ContractError, LockTick, Record, WorkerStarted, default_codec
 from contract.clock import now_ms
 from contract.identity import ACTIVE, ROLE_WORKER, Refused, Registry, Verified, anchors_for, signer_for
 from contract.kafkaauth import faust_credentials, kafka_client_options
@@ -36,13 +37,17 @@ from shells.deadletter import dead_letter
 from shells.resource import book_from_bytes, book_to_bytes, content_from_bytes, content_to_bytes
 from shells.trust import Gate, refusal_answers
 
+from .common import (
+    DEADLOCK_PROCESSOR,
+    RESOURCE_PROCESSOR,
+    SAGA_PROCESSOR,
+    TICK_KEY,
+    default_tools,
+    failpoint,
+    worker_id,
+)
 from .deferred import DeferredTable
 from .transport import GapGuard, Transport
-
-RESOURCE_PROCESSOR = "resource"
-DEADLOCK_PROCESSOR = "deadlock"
-SAGA_PROCESSOR = "saga"
-TICK_KEY = b"__tick__"
 
 
 class LeaseBookCodec(codecs.Codec):
@@ -98,11 +103,6 @@ class ArbiterApp(faust.App):
         return Transport(self.conf.broker_consumer, self)
 
 
-def worker_id(settings: Settings) -> str:
-    """This worker's name in answers and diagnostics."""
-    return settings.worker_id or f"{socket.gethostname()}:{os.getpid()}"
-
-
 def faust_settings(settings: Settings) -> dict[str, Any]:
     """faust settings, each chosen for Arbiter (README "Worker tuning" says why)."""
     settings.home.mkdir(parents=True, exist_ok=True)
@@ -155,35 +155,6 @@ def raw_key_table(app: faust.App, name: str, value_serializer: str, partitions: 
     table.key_serializer = "raw"
     table.value_serializer = value_serializer
     return app.tables.add(table)
-
-
-def default_tools(settings: Settings) -> ToolRunner:
-    """The ledger's tools against the configured database."""
-    from tools.ledger import Ledger, register_ledger_tools
-    from tools.registry import ToolRegistry
-
-    registry = ToolRegistry()
-    register_ledger_tools(registry, Ledger(settings.ledger_url()))
-    return registry
-
-
-def failpoint(settings: Settings) -> Any:
-    """Fault injection, for tests only. ``ARBITER_FAILPOINT=crash_after_tool:<intent id prefix>``:
-    SIGKILL this worker right after the tool of an intent whose id starts with the prefix ran,
-    before its outcome is recorded; ``raise_after_tool:<prefix>``: raise there instead (a
-    processor bug, which the worker quarantines)."""
-    spec = os.environ.get("ARBITER_FAILPOINT", "")
-    kind, _, target = spec.partition(":")
-    if kind not in ("crash_after_tool", "raise_after_tool") or not target:
-        return lambda _intent: None
-
-    def inject(intent: ToolIntent) -> None:
-        if intent.intent_id.startswith(target):
-            if kind == "crash_after_tool":
-                os.kill(os.getpid(), signal.SIGKILL)
-            raise RuntimeError(f"failpoint raise_after_tool:{target} hit by intent {intent.intent_id}")
-
-    return inject
 
 
 def restart_worker() -> None:

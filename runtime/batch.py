@@ -1,0 +1,711 @@
+"""The batched runtime: the processors on an aiokafka consumer group, one fetched batch at a time.
+
+Theory of operation
+-------------------
+One consumer, in the ``app_id`` group, reads the three input topics (resource commands,
+wait edges, saga commands). ``getmany`` hands back whatever has arrived (a batch is never
+waited for), and each batch goes through four steps under one lock:
+
+1. **Decide.** Every record, partition by partition in log order: decode (dead-letter what
+   does not), pass the trust gate (``shells.trust``), then the topic's shell, over
+   per-input views of the tables (``runtime.deferred``). An input that raises is
+   quarantined: its views are discarded and its outputs dropped, so it leaves nothing
+   half-applied, and it is dead-lettered with ``processor_failed``.
+2. **Produce** every output of the batch, signed, in decision order.
+3. **Write the changelog**: one record per table key the batch changed (its last value,
+   or a tombstone), to the changelog partition of the input partition that changed it.
+4. **Commit** the batch's offsets, only once 2 and 3 are acknowledged (``acks=all``).
+
+Under ``exactly_once`` steps 2-4 are one Kafka transaction per input partition, through a
+producer whose ``transactional_id`` names that partition, so the worker that takes a
+partition over fences the one that had it (``init_transactions``) before it reads the
+partition's changelog. Under ``at_least_once`` a crash between 2 and 4 redelivers the
+batch, and the decisions are idempotent (request and intent ids are remembered; time is
+the broker's append time, the same on every delivery).
+
+State: each table lives in memory for the partitions this worker owns (``ChangelogTable``),
+and is rebuilt from its compacted changelog topic when a partition is assigned
+(``on_partitions_assigned``, before any of its inputs is decided). A partition this worker
+kept across a rebalance, whose committed offset nobody else moved, keeps its state.
+
+A failure to produce or commit (a broker gone, a fenced producer) rewinds the batch's
+partitions: their state is rebuilt from the changelog and their positions go back to the
+last committed offset, then the loop carries on. Nothing restarts the process.
+
+Time: a task sends one ``LockTick`` per owned resource partition every ``tick_interval_ms``,
+outside any transaction (its own producer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+import traceback
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord
+
+from contract import Cause, ContractError, LockTick, Record, WorkerStarted, default_codec
+from contract.clock import now_ms
+from contract.identity import ACTIVE, ROLE_WORKER, Refused, Registry, Verified, anchors_for, signer_for
+from contract.kafkaauth import kafka_client_options
+from contract.partitioning import partition_for
+from contract.reasons import Reason
+from contract.registryfeed import RegistryFeed
+from contract.settings import Settings
+from shells import Routes, RowGraphStore, Rules, Shell, ToolRunner, build_shells
+from shells.deadletter import dead_letter
+from shells.trust import Gate, refusal_answers
+
+from .common import TABLES, TICK_KEY, TableSpec, default_tools, failpoint, input_topics, worker_id
+from .deferred import DeferredTable
+from .topics import ensure_changelogs, ensure_topics
+
+log = logging.getLogger("arbiter.worker")
+
+Output = tuple[str, bytes, Record]
+REPORT_S = 10.0
+BATCH_BYTES = 1024 * 1024
+"""Most bytes per produced batch (per partition); a bigger output goes in a batch of its own."""
+
+
+class ChangelogTable(MutableMapping[bytes, Any]):
+    """One table's values for the partitions this worker owns, and the keys a batch changed.
+
+    Writes land in the partition ``partition`` names (the runtime sets it to the input's);
+    ``changes`` lists each changed (partition, key) once, for the changelog.
+    """
+
+    def __init__(self, spec: TableSpec, topic: str) -> None:
+        self.spec = spec
+        self.topic = topic
+        self.data: dict[bytes, Any] = {}
+        self.home: dict[bytes, int] = {}
+        self.partition = -1
+        self.changes: dict[tuple[int, bytes], None] = {}
+
+    def __getitem__(self, key: bytes) -> Any:
+        return self.data[key]
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        self.data[key] = value
+        self.home[key] = self.partition
+        self.changes[(self.partition, key)] = None
+
+    def __delitem__(self, key: bytes) -> None:
+        del self.data[key]
+        self.home.pop(key, None)
+        self.changes[(self.partition, key)] = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(list(self.data))
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def load(self, partition: int, key: bytes | None, value: bytes | None) -> None:
+        """Apply one changelog record (restoring a partition)."""
+        if key is None:
+            return
+        if value is None:
+            self.data.pop(key, None)
+            self.home.pop(key, None)
+        else:
+            self.data[key] = self.spec.loads(value)
+            self.home[key] = partition
+
+    def drop(self, partitions: set[int]) -> None:
+        """Forget every key of ``partitions`` (no longer owned, or about to be restored)."""
+        for key in [k for k, p in self.home.items() if p in partitions]:
+            del self.data[key]
+            del self.home[key]
+        self.changes = {c: None for c in self.changes if c[0] not in partitions}
+
+    def take_changes(self, partitions: set[int] | None = None) -> list[tuple[int, bytes, bytes | None]]:
+        """The changelog records for what changed (in ``partitions``, or all), forgetting them."""
+        out = []
+        for partition, key in list(self.changes):
+            if partitions is not None and partition not in partitions:
+                continue
+            del self.changes[(partition, key)]
+            value = self.data.get(key) if self.home.get(key) == partition else None
+            out.append((partition, key, None if value is None else self.spec.dumps(value)))
+        return out
+
+
+@dataclass
+class _Processor:
+    """One input topic's shell over its tables' views, and the outputs of the input being decided."""
+
+    name: str
+    topic: str
+    shell: Shell
+    views: list[DeferredTable]
+    tables: list[ChangelogTable]
+    outbox: list[Output] = field(default_factory=list)
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, worker: BatchWorker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self.worker.revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self.worker.assigned(set(assigned))
+
+
+class BatchWorker:
+    """One worker process: the three processors, their tables, the clock, the trust gate."""
+
+    def __init__(self, settings: Settings, tools: ToolRunner | None = None) -> None:
+        self.settings = settings
+        self.me = worker_id(settings)
+        self.codec = default_codec(settings.max_message_bytes)
+        self.kafka = kafka_client_options(settings)
+        self.rules = Rules.from_settings(settings)
+        self.exactly_once = settings.processing_guarantee == "exactly_once"
+        self.signer = signer_for(settings.home, settings.identity or ROLE_WORKER, settings.identity_key)
+        self.registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
+        self.gate = Gate(self.registry, enabled=settings.verify_signatures)
+        self.feed = RegistryFeed(self.registry, settings.topics.registry, settings.bootstrap, self.codec, **self.kafka)
+        self.routes = Routes.of(settings.topics, self.rules.graph_key)
+        self.tables = {name: ChangelogTable(spec, spec.changelog(settings.app_id)) for name, spec in TABLES.items()}
+        self.generation = 0
+        self.owned: set[TopicPartition] = set()
+        self.next: dict[TopicPartition, int] = {}
+        """Per owned partition, the offset after the last input decided and committed."""
+        self.lock = asyncio.Lock()
+        self.stopping = asyncio.Event()
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producer: AIOKafkaProducer | None = None
+        """Outputs under at_least_once; ticks and announcements always (never in a transaction)."""
+        self.transactional: dict[TopicPartition, AIOKafkaProducer] = {}
+        self.restorer: AIOKafkaConsumer | None = None
+        self.processors = self._build(tools or default_tools(settings))
+        self.decided = 0
+        self.stats = _Stats()
+        self._retries: set[asyncio.Task[None]] = set()
+
+    # -- wiring -----------------------------------------------------------------------
+
+    def _build(self, tools: ToolRunner) -> dict[str, _Processor]:
+        settings = self.settings
+        out: dict[str, _Processor] = {}
+        for name, topic in input_topics(settings).items():
+            outbox: list[Output] = []
+
+            async def hold(topic: str, key: bytes, record: Record, outbox: list[Output] = outbox) -> None:
+                outbox.append((topic, key, record))
+
+            views = {store: DeferredTable(table) for store, table in self.tables.items()}
+            shells = build_shells(
+                self.rules, settings.topics, settings.partitions, books=views["books"], contents=views["contents"],
+                graphs=RowGraphStore(views["graphs"], lambda: self.generation), sagas=views["sagas"], tools=tools,
+                send=hold, worker_id=self.me, generation=lambda: self.generation, after_tool=failpoint(settings),
+                on_detection=lambda d: log.warning("deadlock %s: victim %s, cycle %s", d.detection_id, d.victim,
+                                                   " -> ".join(d.cycle)))
+            shell = shells.for_topic(topic)
+            assert shell is not None
+            mine = [store for store, spec in TABLES.items() if spec.processor == name]
+            out[topic] = _Processor(name, topic, shell, views=[views[s] for s in mine],
+                                    tables=[self.tables[s] for s in mine], outbox=outbox)
+        return out
+
+    def _producer(self, transactional_id: str | None = None) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self.settings.bootstrap, acks="all", enable_idempotence=True,
+            linger_ms=self.settings.producer_linger_ms, max_request_size=2 * self.settings.max_message_bytes,
+            max_batch_size=max(BATCH_BYTES, 2 * self.settings.max_message_bytes),
+            transactional_id=transactional_id, **self.kafka)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until SIGTERM/SIGINT (or ``stop``); leave the group on the way out."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stopping.set)
+        settings = self.settings
+        if not settings.verify_signatures:
+            log.warning("SIGNATURE VERIFICATION IS OFF (ARBITER_VERIFY_SIGNATURES=false): any client with topic "
+                        "access can act as any agent. Development only.")
+        await ensure_topics(settings)
+        await ensure_changelogs(settings, [t.topic for t in self.tables.values()])
+        await self.feed.start()
+        mine = self.registry.entries.get(self.signer.key_id)
+        if settings.verify_signatures and (mine is None or mine.role != ROLE_WORKER or mine.status != ACTIVE):
+            log.error("this worker's key %s (%s) is not registered as an active worker identity; run "
+                      "'arbiter agents add %s --role worker'", self.signer.key_id[:16], self.signer.name,
+                      self.signer.name)
+        self.producer = self._producer()
+        await self.producer.start()
+        self.restorer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
+                                         enable_auto_commit=False, isolation_level="read_committed",
+                                         fetch_max_wait_ms=settings.fetch_max_wait_ms, **self.kafka)
+        await self.restorer.start()
+        # The rules this worker decides by go into the log, so audit and replay use them.
+        await self._send_now(settings.topics.workers, self.me.encode(), WorkerStarted(
+            worker_id=self.me, rules_json=self.rules.to_json(), processing_guarantee=settings.processing_guarantee,
+            partitions=settings.partitions, started_at_ms=now_ms()))
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap, group_id=settings.app_id, enable_auto_commit=False,
+            auto_offset_reset="earliest", isolation_level="read_committed",
+            fetch_max_wait_ms=settings.fetch_max_wait_ms,
+            session_timeout_ms=int(settings.session_timeout * 1000),
+            heartbeat_interval_ms=int(settings.heartbeat_interval * 1000),
+            max_partition_fetch_bytes=2 * settings.max_message_bytes, **self.kafka)
+        self.consumer.subscribe(sorted(self.processors), listener=_Listener(self))
+        await self.consumer.start()
+        ticker = asyncio.create_task(self._tick_forever(), name="arbiter-ticks")
+        log.info("worker %s started: %s, signatures %s", self.me, settings.processing_guarantee,
+                 "verified" if settings.verify_signatures else "NOT verified")
+        try:
+            await self._consume()
+        finally:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+            await self._close()
+
+    def stop(self) -> None:
+        """Ask the worker to finish its batch and leave."""
+        self.stopping.set()
+
+    async def _close(self) -> None:
+        async with self.lock:
+            if self.consumer is not None:
+                await self.consumer.stop()  # leaves the group: the partitions move at once
+            for producer in [*self.transactional.values(), self.producer]:
+                if producer is not None:
+                    await producer.stop()
+            self.transactional.clear()
+            if self.restorer is not None:
+                await self.restorer.stop()
+            await self.feed.stop()
+        log.info("worker %s stopped after %d decisions", self.me, self.decided)
+
+    async def _consume(self) -> None:
+        assert self.consumer is not None
+        stop = asyncio.create_task(self.stopping.wait())
+        try:
+            while not self.stopping.is_set():
+                fetch = asyncio.create_task(self.consumer.getmany(timeout_ms=1000,
+                                                                  max_records=self.settings.max_batch))
+                await asyncio.wait([fetch, stop], return_when=asyncio.FIRST_COMPLETED)
+                if not fetch.done():
+                    fetch.cancel()
+                    await asyncio.gather(fetch, return_exceptions=True)
+                    break
+                batch = fetch.result()
+                if batch:
+                    await self._batch(batch)
+        finally:
+            stop.cancel()
+
+    # -- one batch --------------------------------------------------------------------
+
+    async def _batch(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> None:
+        async with self.lock:
+            parts = self._decidable(batch)
+            if self.exactly_once:
+                for tp, records in parts:
+                    await self._transaction(tp, records)
+                return
+            outputs: list[Output] = []
+            t0 = time.perf_counter()
+            for _tp, records in parts:
+                for record in records:
+                    outputs.extend(await self._decide(record))
+            t1 = time.perf_counter()
+            tps = {tp for tp, _records in parts}
+            offsets = {tp: records[-1].offset + 1 for tp, records in parts}
+            try:
+                assert self.producer is not None and self.consumer is not None
+                await self._produce(self.producer, outputs, tps)
+                t2 = time.perf_counter()
+                await self.consumer.commit(offsets)
+                self.stats.add(sum(len(r) for _t, r in parts), len(outputs), t1 - t0, t2 - t1,
+                               time.perf_counter() - t2)
+            except KafkaError as exc:
+                log.error("could not write or commit a batch (%s); rewinding %s to the last commit", exc,
+                          _names(tps))
+                await self._rewind(tps)
+                return
+            self.next.update(offsets)
+
+    def _decidable(self, batch: dict[TopicPartition, list[ConsumerRecord]]
+                   ) -> list[tuple[TopicPartition, list[ConsumerRecord]]]:
+        """The records of ``batch`` to decide now, per partition in order.
+
+        aiokafka makes a new assignment active before it calls ``on_partitions_assigned``, so a
+        batch can hold records of a partition whose state is not restored yet: its position goes
+        back to its first record, to be fetched again once it is. A partition no longer assigned
+        is left to its new owner (which starts at the last commit). Records before the next offset
+        expected (fetched again after a rebalance that kept the partition here) were decided already.
+        """
+        assert self.consumer is not None
+        assigned = self.consumer.assignment()
+        parts = []
+        for tp in sorted(batch):
+            records = batch[tp]
+            if not records or tp not in assigned:
+                continue
+            if tp not in self.owned:
+                self.consumer.seek(tp, records[0].offset)
+                continue
+            expected = self.next.get(tp, -1)
+            records = [r for r in records if r.offset >= expected]
+            if records:
+                parts.append((tp, records))
+        return parts
+
+    async def _transaction(self, tp: TopicPartition, records: list[ConsumerRecord]) -> None:
+        producer = self.transactional[tp]
+        outputs: list[Output] = []
+        t0 = time.perf_counter()
+        for record in records:
+            outputs.extend(await self._decide(record))
+        offset = records[-1].offset + 1
+        try:
+            t1 = time.perf_counter()
+            await producer.begin_transaction()
+            await self._produce(producer, outputs, {tp})
+            t2 = time.perf_counter()
+            await producer.send_offsets_to_transaction({tp: offset}, self.settings.app_id)
+            await producer.commit_transaction()
+            self.stats.add(len(records), len(outputs), t1 - t0, t2 - t1, time.perf_counter() - t2)
+        except KafkaError as exc:
+            log.error("the transaction for %s failed (%s); rewinding it to the last commit", _names({tp}), exc)
+            with contextlib.suppress(KafkaError):
+                await producer.abort_transaction()
+            await self._rewind({tp})
+            return
+        self.next[tp] = offset
+
+    async def _produce(self, producer: AIOKafkaProducer, outputs: list[Output], tps: set[TopicPartition]) -> None:
+        """Send the decisions, then the changelog of the state they leave; return once all are acknowledged.
+
+        Records are packed into one batch per partition (``BatchBuilder``), not sent one by one:
+        aiokafka's per-message ``send`` costs more than a decision, and ships tiny requests."""
+        batches = _Batches(producer)
+        partitions = self.settings.partitions
+        encoded: dict[int, bytes] = {}  # a decision goes to several topics: encode it once
+        for topic, key, record in outputs:
+            value = encoded.get(id(record))
+            if value is None:
+                value = encoded[id(record)] = self.codec.encode(record)
+            headers = self.signer.sign(topic, key, value, now_ms())
+            batches.add(topic, partition_for(key, partitions), key, value, headers)
+        for tp in tps:
+            for table in self.processors[tp.topic].tables:
+                for partition, row, state in table.take_changes({tp.partition}):
+                    batches.add(table.topic, partition, row, state, [])
+        await batches.send()
+
+    async def _decide(self, message: ConsumerRecord) -> list[Output]:
+        """Decide one input; its outputs (answers, events, dead letters), in order."""
+        processor = self.processors[message.topic]
+        cause = Cause(topic=message.topic, partition=message.partition, offset=message.offset)
+        value = bytes(message.value or b"")
+        key: bytes | None = message.key
+        self.decided += 1
+        try:
+            record: Record = self.codec.decode(value)
+        except ContractError as error:
+            return [self._dead_letter(message, cause, error, processor.name)]
+        # The broker's append time: the same on every redelivery (see cores.leases).
+        at_ms = message.timestamp if message.timestamp and message.timestamp > 0 else now_ms()
+        admitted = await self._admit(message, value, record, at_ms)
+        if isinstance(admitted, Refused):
+            return [*refusal_answers(record, admitted, self.routes, at_ms, cause),
+                    self._dead_letter(message, cause, ContractError(admitted.reason, admitted.detail),
+                                      processor.name)]
+        processor.outbox.clear()
+        for table in processor.tables:
+            table.partition = message.partition
+        try:
+            problem = await processor.shell.handle(key, record, at_ms, cause, sender=admitted)
+        except Exception:
+            # A bug, not bad input: quarantine it. Nothing it caused is kept (outputs wait in the
+            # outbox, table writes in the views, and the shells change state copy-on-write), and
+            # the offset moves on, so it is never retried into a crash loop.
+            log.exception("%s processor failed on %s[%d]@%d; quarantined", processor.name, message.topic,
+                          message.partition, message.offset)
+            processor.outbox.clear()
+            for view in processor.views:
+                view.discard()
+            problem = ContractError(Reason.PROCESSOR_FAILED, traceback.format_exc(limit=8)[-1800:])
+        outputs = list(processor.outbox)
+        processor.outbox.clear()
+        for view in processor.views:
+            view.commit()
+        if problem is not None:
+            outputs.append(self._dead_letter(message, cause, problem, processor.name))
+        return outputs
+
+    async def _admit(self, message: ConsumerRecord, value: bytes, record: Record,
+                     at_ms: int) -> Verified | Refused | None:
+        """The gate's verdict; an unknown key is looked up once more in the registry (it may have been
+        registered a moment ago) before it is refused."""
+        if not self.gate.enabled:
+            return None
+        admitted = self.gate.admit(message.topic, message.key, value, message.headers, record, at_ms)
+        if isinstance(admitted, Refused) and admitted.unknown_key:
+            await self.feed.catch_up(timeout=5.0)
+            admitted = self.gate.admit(message.topic, message.key, value, message.headers, record, at_ms)
+        return admitted
+
+    def _dead_letter(self, message: ConsumerRecord, cause: Cause, error: ContractError, processor: str) -> Output:
+        log.warning("dead-lettered %s[%d]@%d: %s", cause.topic, cause.partition, cause.offset, error)
+        letter = dead_letter(error, processor=processor, source=cause, key=message.key,
+                             value=bytes(message.value or b""), now_ms=now_ms(),
+                             max_message_bytes=self.settings.max_message_bytes)
+        return (self.settings.topics.dead_letter, message.key or b"", letter)
+
+    async def _send_now(self, topic: str, key: bytes, record: Record) -> None:
+        assert self.producer is not None
+        value = self.codec.encode(record)
+        await self.producer.send_and_wait(topic, value, key=key, headers=self.signer.sign(topic, key, value, now_ms()))
+
+    # -- rebalances -------------------------------------------------------------------
+
+    async def revoked(self, revoked: set[TopicPartition]) -> None:
+        """Called before a rebalance: the batch in flight finishes (and commits) first."""
+        async with self.lock:
+            log.info("rebalance: %d partitions revoked", len(revoked))
+
+    async def assigned(self, assigned: set[TopicPartition]) -> None:
+        """Called after a rebalance, before any input of the new assignment is decided: restore
+        the state of every partition this worker did not hold, from its changelog."""
+        assert self.consumer is not None
+        async with self.lock:
+            started = time.monotonic()
+            self.generation += 1
+            gone = self.owned - assigned
+            self._forget(gone)
+            for tp in gone:
+                self.next.pop(tp, None)
+            for tp in gone:
+                producer = self.transactional.pop(tp, None)
+                if producer is not None:
+                    await producer.stop()
+            restore = set()
+            for tp in assigned:
+                committed = await self.consumer.committed(tp)
+                if tp in self.owned and committed == self.next.get(tp):
+                    continue  # held throughout, and nobody else committed anything on it: its state stands
+                restore.add(tp)
+                self.next[tp] = -1 if committed is None else committed
+            if self.exactly_once:
+                for tp in sorted(restore):
+                    old = self.transactional.pop(tp, None)
+                    if old is not None:
+                        await old.stop()
+                    # init_transactions fences the partition's previous owner and ends its open
+                    # transaction, before this worker reads the partition's changelog.
+                    producer = self._producer(f"{self.settings.app_id}-{tp.topic}-{tp.partition}")
+                    await producer.start()
+                    self.transactional[tp] = producer
+            restored = await self._restore(restore)
+            self.owned = set(assigned)
+            log.info("Ready: %d partitions (%d restored from %d changelog records) in %.0f ms: %s",
+                     len(assigned), len(restore), restored, (time.monotonic() - started) * 1000,
+                     _names(assigned))
+
+    def _forget(self, tps: set[TopicPartition]) -> None:
+        for tp in tps:
+            processor = self.processors.get(tp.topic)
+            if processor is not None:
+                for table in processor.tables:
+                    table.drop({tp.partition})
+
+    async def _restore(self, tps: set[TopicPartition]) -> int:
+        """Rebuild the tables of ``tps`` from their changelogs; the number of records read."""
+        assert self.restorer is not None
+        self._forget(tps)
+        where: dict[TopicPartition, ChangelogTable] = {}
+        for tp in tps:
+            for table in self.processors[tp.topic].tables:
+                where[TopicPartition(table.topic, tp.partition)] = table
+        if not where:
+            return 0
+        restorer = self.restorer
+        restorer.assign(sorted(where))
+        await restorer.seek_to_beginning(*where)
+        ends = await restorer.end_offsets(list(where))
+        remaining = {ctp for ctp in where if ends[ctp] > await restorer.position(ctp)}
+        count = 0
+        last_report = time.monotonic()
+        while remaining:
+            batch = await restorer.getmany(*remaining, timeout_ms=500, max_records=10_000)
+            for ctp, records in batch.items():
+                table = where[ctp]
+                for record in records:
+                    table.load(ctp.partition, record.key, record.value)
+                count += len(records)
+            for ctp in list(remaining):
+                if await restorer.position(ctp) >= ends[ctp]:
+                    remaining.discard(ctp)
+            if time.monotonic() - last_report > 5:
+                last_report = time.monotonic()
+                log.info("restoring state: %d changelog records read, %d partitions to go", count, len(remaining))
+        restorer.assign([])
+        return count
+
+    async def _rewind(self, tps: set[TopicPartition]) -> bool:
+        """After a failed write or commit: state from the changelog, positions from the last commit.
+        When that fails too (the broker is still away), the partitions wait, undecided, and it is
+        tried again a second later; False then."""
+        assert self.consumer is not None
+        try:
+            if self.exactly_once:
+                for tp in tps:
+                    old = self.transactional.pop(tp, None)
+                    if old is not None:
+                        await old.stop()
+                    producer = self._producer(f"{self.settings.app_id}-{tp.topic}-{tp.partition}")
+                    await producer.start()
+                    self.transactional[tp] = producer
+            await self._restore(tps)
+            for tp in tps:
+                committed = await self.consumer.committed(tp)
+                self.next[tp] = -1 if committed is None else committed
+                if committed is None:
+                    await self.consumer.seek_to_beginning(tp)
+                else:
+                    self.consumer.seek(tp, committed)
+            return True
+        except KafkaError as exc:
+            log.error("rewinding %s failed too (%s); trying again in 1 s", _names(tps), exc)
+            self.owned -= tps  # their records are fetched again, and wait, until this succeeds
+            self.generation += 1
+            retry = asyncio.get_running_loop().create_task(self._rewind_later(tps))
+            self._retries.add(retry)
+            retry.add_done_callback(self._retries.discard)
+            return False
+
+    async def _rewind_later(self, tps: set[TopicPartition]) -> None:
+        await asyncio.sleep(1.0)
+        async with self.lock:
+            assert self.consumer is not None
+            tps = tps & self.consumer.assignment()  # a rebalance since may have moved (and restored) them
+            tps -= self.owned
+            if tps and await self._rewind(tps):
+                self.owned |= tps
+
+    # -- the clock --------------------------------------------------------------------
+
+    async def _tick_forever(self) -> None:
+        """One tick per owned resource partition, every ``tick_interval_ms``: expiry goes through the log."""
+        settings = self.settings
+        topic = settings.topics.resource_commands
+        interval = settings.tick_interval_ms / 1000.0
+        count = 0
+        reported = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            if time.monotonic() - reported >= REPORT_S:
+                reported = time.monotonic()
+                self.stats.report()
+                self.stats = _Stats()
+            owned = sorted(tp.partition for tp in self.owned if tp.topic == topic)
+            producer = self.producer
+            if producer is None:
+                continue
+            for partition in owned:
+                count += 1
+                tick = LockTick(tick_id=f"{self.me}:{partition}:{count}", partition=partition, sent_at_ms=now_ms())
+                value = self.codec.encode(tick)
+                try:
+                    sent = await producer.send(topic, value, key=TICK_KEY, partition=partition,
+                                               headers=self.signer.sign(topic, TICK_KEY, value, now_ms()))
+                except KafkaError as exc:
+                    log.warning("tick for %s[%d] not sent: %s", topic, partition, exc)
+                    continue
+                sent.add_done_callback(_log_tick_failure)
+
+
+@dataclass
+class _Stats:
+    """What the worker did since the last report (logged every ``REPORT_S`` at info level)."""
+
+    batches: int = 0
+    inputs: int = 0
+    outputs: int = 0
+    deciding: float = 0.0
+    producing: float = 0.0
+    committing: float = 0.0
+    since: float = field(default_factory=time.monotonic)
+
+    def add(self, inputs: int, outputs: int, deciding: float, producing: float, committing: float) -> None:
+        self.batches += 1
+        self.inputs += inputs
+        self.outputs += outputs
+        self.deciding += deciding
+        self.producing += producing
+        self.committing += committing
+
+    def report(self) -> None:
+        """Log it (the caller starts a new one)."""
+        if self.batches:
+            elapsed = time.monotonic() - self.since
+            log.info("%d inputs in %d batches (%.1f a batch) in %.0f s: %.0f inputs/s, %d outputs; "
+                     "deciding %.0f%%, producing %.0f%%, committing %.0f%% of the time", self.inputs, self.batches,
+                     self.inputs / self.batches, elapsed, self.inputs / elapsed, self.outputs,
+                     100 * self.deciding / elapsed, 100 * self.producing / elapsed, 100 * self.committing / elapsed)
+
+
+class _Batches:
+    """Records packed per partition, in order, then handed to the producer a batch at a time."""
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.producer = producer
+        self.open: dict[tuple[str, int], Any] = {}
+        self.full: list[tuple[str, int, Any]] = []
+
+    def add(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+            headers: list[tuple[str, bytes]]) -> None:
+        """Append one record to its partition's batch (a new batch when that one is full)."""
+        where = (topic, partition)
+        builder = self.open.get(where)
+        if builder is None or builder.append(timestamp=None, key=key, value=value, headers=headers) is None:
+            if builder is not None:
+                self.full.append((topic, partition, builder))
+            builder = self.open[where] = self.producer.create_batch()
+            if builder.append(timestamp=None, key=key, value=value, headers=headers) is None:
+                raise ContractError(Reason.TOO_LARGE, f"a record of {len(value or b'')} bytes does not fit a batch")
+
+    async def send(self) -> None:
+        """Queue every batch, in the order filled; return once the broker has acknowledged them all."""
+        self.full.extend((topic, partition, builder) for (topic, partition), builder in self.open.items())
+        self.open.clear()
+        sent = [await self.producer.send_batch(builder, topic, partition=partition)
+                for topic, partition, builder in self.full]
+        self.full.clear()
+        if sent:
+            await asyncio.gather(*sent)
+
+
+def _log_tick_failure(sent: asyncio.Future[Any]) -> None:
+    if not sent.cancelled() and sent.exception() is not None:
+        log.warning("a tick was not written: %s", sent.exception())
+
+
+def _names(tps: set[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps)) or "nothing"
+
+
+def run_worker(settings: Settings, loglevel: str = "warning") -> None:
+    """``arbiter worker`` on the batched runtime."""
+    logging.basicConfig(level=loglevel.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+    asyncio.run(BatchWorker(settings).run())

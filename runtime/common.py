@@ -1,0 +1,104 @@
+"""What both runtimes share: names, the tables' changelog forms, the tools, fault injection.
+
+Nothing here imports faust or starts Kafka clients, so the batched runtime
+(``runtime.batch``) and the faust one (``runtime.worker``) load only what they use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from contract import ToolIntent
+from contract.settings import Settings
+from cores.saga import Saga
+from shells import ToolRunner
+from shells.resource import book_from_bytes, book_to_bytes, content_from_bytes, content_to_bytes
+
+RESOURCE_PROCESSOR = "resource"
+DEADLOCK_PROCESSOR = "deadlock"
+SAGA_PROCESSOR = "saga"
+TICK_KEY = b"__tick__"
+
+
+def worker_id(settings: Settings) -> str:
+    """This worker's name in answers and diagnostics."""
+    return settings.worker_id or f"{socket.gethostname()}:{os.getpid()}"
+
+
+def default_tools(settings: Settings) -> ToolRunner:
+    """The ledger's tools against the configured database."""
+    from tools.ledger import Ledger, register_ledger_tools
+    from tools.registry import ToolRegistry
+
+    registry = ToolRegistry()
+    register_ledger_tools(registry, Ledger(settings.ledger_url()))
+    return registry
+
+
+def failpoint(settings: Settings) -> Callable[[ToolIntent], None]:
+    """Fault injection, for tests only. ``ARBITER_FAILPOINT=crash_after_tool:<intent id prefix>``:
+    SIGKILL this worker right after the tool of an intent whose id starts with the prefix ran,
+    before its outcome is recorded; ``raise_after_tool:<prefix>``: raise there instead (a
+    processor bug, which the worker quarantines)."""
+    spec = os.environ.get("ARBITER_FAILPOINT", "")
+    kind, _, target = spec.partition(":")
+    if kind not in ("crash_after_tool", "raise_after_tool") or not target:
+        return lambda _intent: None
+
+    def inject(intent: ToolIntent) -> None:
+        if intent.intent_id.startswith(target):
+            if kind == "crash_after_tool":
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"failpoint raise_after_tool:{target} hit by intent {intent.intent_id}")
+
+    return inject
+
+
+def _saga_to_bytes(saga: Saga) -> bytes:
+    return json.dumps(saga.to_dict(), separators=(",", ":")).encode()
+
+
+def _saga_from_bytes(data: bytes) -> Saga:
+    return Saga.from_dict(json.loads(data))
+
+
+def _same(data: bytes) -> bytes:
+    return data
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One changelogged table: its name, the processor (input topic) it belongs to, its value codec."""
+
+    name: str
+    processor: str
+    dumps: Callable[[Any], bytes]
+    loads: Callable[[bytes], Any]
+
+    def changelog(self, app_id: str) -> str:
+        """Its changelog topic: the name faust gives it, so either runtime reads the other's state."""
+        return f"{app_id}-{self.name}-changelog"
+
+
+TABLES: dict[str, TableSpec] = {
+    "books": TableSpec("leases", RESOURCE_PROCESSOR, book_to_bytes, book_from_bytes),
+    "contents": TableSpec("contents", RESOURCE_PROCESSOR, content_to_bytes, content_from_bytes),
+    # One small changelog entry per edge (not the whole graph per write): the graph is
+    # rebuilt in memory from the table after a rebalance.
+    "graphs": TableSpec("waitedges", DEADLOCK_PROCESSOR, _same, _same),
+    "sagas": TableSpec("sagas", SAGA_PROCESSOR, _saga_to_bytes, _saga_from_bytes),
+}
+"""The processors' state, by the name ``shells.build_shells`` gives each store."""
+
+
+def input_topics(settings: Settings) -> dict[str, str]:
+    """Each processor's input topic."""
+    topics = settings.topics
+    return {RESOURCE_PROCESSOR: topics.resource_commands, DEADLOCK_PROCESSOR: topics.wait_edges,
+            SAGA_PROCESSOR: topics.saga_commands}

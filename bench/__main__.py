@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from contract import Cause, Holder, LockGranted, default_codec
 
-from . import deadlock, gateway, leases, replay, sdk, trust
+from . import deadlock, gateway, leases, replay, runtime, sdk, trust
 from .env import bench_arbiter, key_for_partition
 
 
@@ -63,7 +63,7 @@ async def bench_roundtrip(rate: float, count: int) -> None:
 
 
 NAMES = ["codec", "core", "roundtrip", "grant", "handoff", "throughput", "ceiling", "check", "intent", "checks",
-         "graph", "detection", "replay", "trust-crypto", "trust-latency", "sdk-scale"]
+         "graph", "detection", "replay", "trust-crypto", "trust-latency", "sdk-scale", "runtime", "messages", "scaling"]
 
 
 def main() -> None:
@@ -78,6 +78,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0, help="requests per second for latency figures")
     parser.add_argument("--count", type=int, default=1000, help="samples per latency figure")
     parser.add_argument("--burst", type=int, default=20_000, help="acquires in the throughput burst")
+    parser.add_argument("--reps", type=int, default=1, help="interleaved rounds of the runtime comparison")
     parser.add_argument("--log-messages", type=int, default=200_000, help="messages in the log the replay "
                         "benchmark generates and audits")
     args = parser.parse_args()
@@ -108,6 +109,12 @@ def main() -> None:
         asyncio.run(gateway.check_throughput(args.burst))
     if "graph" in names:
         deadlock.large_graph()
+    if "runtime" in names:
+        asyncio.run(runtime.side_by_side(min(args.burst, 10_000), min(args.count, 300), args.reps))
+    if "messages" in names:
+        asyncio.run(runtime.messages(min(args.count, 200)))
+    if "scaling" in names:
+        asyncio.run(runtime.scaling(args.burst))
     if "detection" in names:
         asyncio.run(deadlock.detection_latency(1_000.0, min(args.count, 500)))
     if "replay" in names:

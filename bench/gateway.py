@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 from agents import ArbiterClient
 from contract import Cause, LockRequested, ToolIntent, ToolRejected, default_codec
@@ -54,10 +55,10 @@ async def round_trip(rate: float, count: int) -> None:
         print(f"intent round trip (commit, SQLite ledger) at ~{rate:.0f}/s: {percentiles(samples)}")
 
 
-async def check_throughput(total: int) -> None:
+async def check_throughput(total: int, **overrides: Any) -> float:
     """Gateway checks per second of one worker: a burst of intents the gate refuses (no tool runs)."""
     codec = default_codec()
-    async with bench_arbiter() as settings:
+    async with bench_arbiter(**overrides) as settings:
         run = uuid.uuid4().hex[:6]
         sent = now_ms()  # (within the id window: an old send time is refused request_expired)
         payloads = [(f"account:{run}-{i % 1000}".encode(), codec.encode(ToolIntent(
@@ -66,3 +67,4 @@ async def check_throughput(total: int) -> None:
             for i in range(total)]
         _produced, elapsed = await burst(settings, payloads, ToolRejected)
         print(f"gateway checks, one worker, burst of {total} intents: {total / elapsed:>8,.0f} checks/s")
+    return total / elapsed

@@ -7,6 +7,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
@@ -115,9 +116,9 @@ def core(seconds: float) -> None:
         print(f"pure core, {label}: {count / elapsed:>10,.0f} decisions/s")
 
 
-async def grant_latency(rate: float, count: int) -> None:
-    """Uncontended acquire: produced until the SDK sees the grant, at a steady rate."""
-    async with bench_arbiter() as settings, ArbiterClient("bench-agent", settings) as client:
+async def grant_latency(rate: float, count: int, **overrides: Any) -> list[float]:
+    """Uncontended acquire: produced until the SDK sees the grant, at a steady rate (ms, each)."""
+    async with bench_arbiter(**overrides) as settings, ArbiterClient("bench-agent", settings) as client:
         samples = []
         interval, next_at = 1.0 / rate, time.perf_counter()
         for i in range(count):
@@ -128,11 +129,12 @@ async def grant_latency(rate: float, count: int) -> None:
             next_at += interval
             await asyncio.sleep(max(0.0, next_at - time.perf_counter()))
         print(f"grant latency, uncontended at ~{rate:.0f}/s, one worker: {percentiles(samples)}")
+    return samples
 
 
-async def handoff_latency(count: int) -> None:
-    """Release by the holder until the queued waiter sees its grant."""
-    async with bench_arbiter() as settings, ArbiterClient("holder", settings) as holder, \
+async def handoff_latency(count: int, **overrides: Any) -> list[float]:
+    """Release by the holder until the queued waiter sees its grant (ms, each)."""
+    async with bench_arbiter(**overrides) as settings, ArbiterClient("holder", settings) as holder, \
             ArbiterClient("waiter", settings) as waiter:
         samples = []
         for i in range(count):
@@ -151,17 +153,20 @@ async def handoff_latency(count: int) -> None:
             samples.append((time.perf_counter() - started) * 1000)
             await waiter.release_token(name, granted.token)
         print(f"handoff latency, release until the waiter sees its grant: {percentiles(samples)}")
+    return samples
 
 
-async def grant_throughput(total: int) -> None:
-    """Grants per second of one worker: a burst of acquires on distinct resources."""
+async def grant_throughput(total: int, workers: int = 1, **overrides: Any) -> float:
+    """Grants per second of ``workers`` workers: a burst of acquires on distinct resources."""
     codec = default_codec()
-    async with bench_arbiter() as settings:
+    async with bench_arbiter(workers, **overrides) as settings:
         run = uuid.uuid4().hex[:6]
         sent = now_ms()  # (within the id window: an old send time is refused request_expired)
         payloads = [(f"burst:{run}:{i}".encode(), codec.encode(LockRequested(
             request_id=f"{run}-{i}", agent_id=f"agent-{i % 100}", resource=f"burst:{run}:{i}", mode="exclusive",
             ttl_ms=60_000, sent_at_ms=sent))) for i in range(total)]
         produced, elapsed = await burst(settings, payloads, LockGranted)
-        print(f"grant throughput, one worker, {total} acquires: {total / elapsed:>8,.0f} grants/s "
+        print(f"grant throughput, {workers} worker{'s' if workers > 1 else ''} on {settings.partitions} partitions, "
+              f"{total} acquires: {total / elapsed:>8,.0f} grants/s "
               f"(produced in {produced:.2f} s, all granted after {elapsed:.2f} s)")
+    return total / elapsed

@@ -50,6 +50,12 @@ HEADER_KEY_ID = "arbiter-kid"
 HEADER_AT = "arbiter-at"
 HEADER_SIG = "arbiter-sig"
 SIGNATURE_HEADERS = (HEADER_KEY_ID, HEADER_AT, HEADER_SIG)
+HEADER_PROOF = "arbiter-proof"
+"""On a message signed as one of a batch: its path to the batch's signed root (see ``Signer.sign_batch``)."""
+BATCH_GROUP = 64
+"""The most messages under one batch signature (a proof is at most 6 steps of 33 bytes)."""
+_MAX_PROOF_STEPS = 32
+_ROOTS_KEPT = 4096
 
 
 ACTIVE = "active"
@@ -62,6 +68,7 @@ END_GRACE_MS = 2_000
 
 Headers = Sequence[tuple[str, bytes]]
 _PAYLOAD_TAG = b"arbiter-signed/1"
+_ROOT_TAG = b"arbiter-batch/1"
 
 
 class IdentityError(ValueError):
@@ -77,6 +84,50 @@ def signed_payload(topic: str, key: bytes | None, value: bytes, name: str, at_ms
     """The bytes a signature covers (length-prefixed, so no two messages share them)."""
     parts = (topic.encode(), key if key is not None else b"\xff", value, name.encode())
     return b"".join([_PAYLOAD_TAG, *(struct.pack(">I", len(p)) + p for p in parts), struct.pack(">q", at_ms)])
+
+
+def _leaf(payload: bytes) -> bytes:
+    return hashlib.sha256(b"\x00" + payload).digest()
+
+
+def _node(left: bytes, right: bytes) -> bytes:
+    return hashlib.sha256(b"\x01" + left + right).digest()
+
+
+def merkle_proofs(leaves: list[bytes]) -> tuple[bytes, list[bytes]]:
+    """The root over ``leaves`` and each leaf's proof: per level, a side byte (0: the sibling is on
+    the left, 1: on the right) and the sibling's hash; a node without a sibling moves up as it is."""
+    proofs = [bytearray() for _ in leaves]
+    level = [(h, [i]) for i, h in enumerate(leaves)]
+    while len(level) > 1:
+        up = []
+        for j in range(0, len(level) - 1, 2):
+            (left, lows), (right, highs) = level[j], level[j + 1]
+            for i in lows:
+                proofs[i] += b"\x01" + right
+            for i in highs:
+                proofs[i] += b"\x00" + left
+            up.append((_node(left, right), lows + highs))
+        if len(level) % 2:
+            up.append(level[-1])
+        level = up
+    return level[0][0], [bytes(p) for p in proofs]
+
+
+def root_of(payload: bytes, proof: bytes) -> bytes | None:
+    """The root that ``payload`` and its ``proof`` lead to (None: the proof is malformed)."""
+    if len(proof) % 33 or len(proof) // 33 > _MAX_PROOF_STEPS:
+        return None
+    digest = _leaf(payload)
+    for i in range(0, len(proof), 33):
+        side, sibling = proof[i], proof[i + 1:i + 33]
+        if side == 1:
+            digest = _node(digest, sibling)
+        elif side == 0:
+            digest = _node(sibling, digest)
+        else:
+            return None
+    return digest
 
 
 def valid_name(name: str) -> str | None:
@@ -139,6 +190,25 @@ class Signer:
         signature = self.private_key.sign(signed_payload(topic, key, value, self.name, at_ms))
         return [(HEADER_KEY_ID, self._kid), (HEADER_AT, str(at_ms).encode()), (HEADER_SIG, signature)]
 
+    def sign_batch(self, messages: Sequence[tuple[str, bytes | None, bytes]],
+                   at_ms: int) -> list[list[tuple[str, bytes]]]:
+        """Signature headers for many messages (topic, key, value) with one signature per
+        ``BATCH_GROUP``: the signature covers the root of a Merkle tree over the messages' signed
+        payloads, and each message carries its path to that root (``HEADER_PROOF``), so each still
+        verifies on its own. A group of one is signed as by ``sign``."""
+        out: list[list[tuple[str, bytes]]] = []
+        stamp = str(at_ms).encode()
+        for start in range(0, len(messages), BATCH_GROUP):
+            group = messages[start:start + BATCH_GROUP]
+            if len(group) == 1:
+                out.append(self.sign(*group[0], at_ms))
+                continue
+            root, proofs = merkle_proofs([_leaf(signed_payload(t, k, v, self.name, at_ms)) for t, k, v in group])
+            signature = self.private_key.sign(_ROOT_TAG + root)
+            out.extend([(HEADER_KEY_ID, self._kid), (HEADER_AT, stamp), (HEADER_SIG, signature),
+                        (HEADER_PROOF, proof)] for proof in proofs)
+        return out
+
 
 @dataclass(frozen=True)
 class Verified:
@@ -197,6 +267,9 @@ class Registry:
         self._keys: dict[str, Ed25519PublicKey] = {}
         self.refused: list[str] = []
         """Registry records that were not signed by an anchor (never applied)."""
+        self._roots: dict[tuple[str, bytes, bytes], None] = {}
+        """Batch roots whose signature verified (the oldest forgotten first): the other messages of a
+        batch cost a few hashes, not a signature check."""
 
     @property
     def anchor_ids(self) -> frozenset[str]:
@@ -255,10 +328,26 @@ class Registry:
         if entry.status != ACTIVE and entry.ended_at_ms is not None and appended_at_ms >= entry.ended_at_ms:
             return Refused(Reason.UNAUTHENTICATED, f"the key {kid[:16]} of {entry.name!r} was {entry.status} "
                                                    f"at {entry.ended_at_ms}")
+        payload = signed_payload(topic, key, value, entry.name, at)
+        proof = _header(headers, HEADER_PROOF)
+        root: bytes | None = None
+        if proof is None:
+            signed = payload
+        else:
+            root = root_of(payload, proof)
+            if root is None:
+                return Refused(Reason.UNAUTHENTICATED, "the batch proof is malformed")
+            signed = _ROOT_TAG + root
+            if (kid, sig, root) in self._roots:
+                return Verified(entry, at)  # this batch's signature was checked already
         try:
-            public.verify(sig, signed_payload(topic, key, value, entry.name, at))
+            public.verify(sig, signed)
         except InvalidSignature:
             return Refused(Reason.UNAUTHENTICATED, f"the signature by {entry.name!r} does not match the message")
+        if proof is not None and root is not None:
+            if len(self._roots) >= _ROOTS_KEPT:
+                self._roots.pop(next(iter(self._roots)))
+            self._roots[(kid, sig, root)] = None
         return Verified(entry, at)
 
 

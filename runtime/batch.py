@@ -46,7 +46,7 @@ import time
 import traceback
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError
@@ -160,7 +160,13 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
         await self.worker.revoked(set(revoked))
 
     async def on_partitions_assigned(self, assigned: Any) -> None:
-        await self.worker.assigned(set(assigned))
+        try:
+            await self.worker.assigned(set(assigned))
+        except Exception:
+            # aiokafka would log this and carry on with partitions whose state is missing: stop instead.
+            log.exception("taking over %s failed; stopping this worker", _names(set(assigned)))
+            self.worker.exit_code = 1
+            self.worker.stop()
 
 
 class BatchWorker:
@@ -183,8 +189,12 @@ class BatchWorker:
         self.owned: set[TopicPartition] = set()
         self.next: dict[TopicPartition, int] = {}
         """Per owned partition, the offset after the last input decided and committed."""
+        self.decided_to: dict[TopicPartition, int] = {}
+        """Per owned partition, the offset after the last input decided (committed or in flight)."""
+        self._inflight: asyncio.Task[None] | None = None
         self.lock = asyncio.Lock()
         self.stopping = asyncio.Event()
+        self.exit_code = 0
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
         """Outputs under at_least_once; ticks and announcements always (never in a transaction)."""
@@ -282,6 +292,10 @@ class BatchWorker:
 
     async def _close(self) -> None:
         async with self.lock:
+            try:
+                await self._settled()
+            except KafkaError as exc:
+                log.error("the last batch was not committed (it is decided again by the next owner): %s", exc)
             if self.consumer is not None:
                 await self.consumer.stop()  # leaves the group: the partitions move at once
             for producer in [*self.transactional.values(), self.producer]:
@@ -316,31 +330,75 @@ class BatchWorker:
     async def _batch(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> None:
         async with self.lock:
             parts = self._decidable(batch)
+            if not parts:
+                return
             if self.exactly_once:
                 for tp, records in parts:
                     await self._transaction(tp, records)
                 return
             outputs: list[Output] = []
             t0 = time.perf_counter()
-            for _tp, records in parts:
+            for tp, records in parts:
                 for record in records:
                     outputs.extend(await self._decide(record))
-            t1 = time.perf_counter()
+                self.decided_to[tp] = records[-1].offset + 1
             tps = {tp for tp, _records in parts}
             offsets = {tp: records[-1].offset + 1 for tp, records in parts}
+            deciding = time.perf_counter() - t0
             try:
-                assert self.producer is not None and self.consumer is not None
-                await self._produce(self.producer, outputs, tps)
-                t2 = time.perf_counter()
-                await self.consumer.commit(offsets)
-                self.stats.add(sum(len(r) for _t, r in parts), len(outputs), t1 - t0, t2 - t1,
-                               time.perf_counter() - t2)
+                # Decided while the previous batch was on its way; its outputs and offsets must be
+                # settled before this one's go out (a failure there rewinds both).
+                await self._settled()
+                assert self.producer is not None
+                sent = await self._produce(self.producer, outputs, tps)
             except KafkaError as exc:
-                log.error("could not write or commit a batch (%s); rewinding %s to the last commit", exc,
-                          _names(tps))
-                await self._rewind(tps)
+                await self._failed(exc, tps)
                 return
-            self.next.update(offsets)
+            self._inflight = asyncio.get_running_loop().create_task(
+                self._settle(sent, offsets, sum(len(r) for _t, r in parts), len(outputs), deciding))
+            self._inflight.add_done_callback(self._settle_done)
+
+    def _settle_done(self, settling: asyncio.Task[None]) -> None:
+        """A batch in flight that fails while no other batch comes is rewound at once, not when the next one does."""
+        if settling.cancelled() or settling.exception() is None:
+            return
+
+        async def recover() -> None:
+            async with self.lock:
+                if self._inflight is settling:
+                    await self._failed(cast(BaseException, settling.exception()), set())
+
+        retry = asyncio.get_running_loop().create_task(recover())
+        self._retries.add(retry)
+        retry.add_done_callback(self._retries.discard)
+
+    async def _settle(self, sent: list[asyncio.Future[Any]], offsets: dict[TopicPartition, int], inputs: int,
+                      outputs: int, deciding: float) -> None:
+        """Wait for a batch's outputs and changelog to be acknowledged, then commit its offsets. It runs
+        while the next batch is decided: at most one batch is in flight."""
+        assert self.consumer is not None
+        t0 = time.perf_counter()
+        if sent:
+            await asyncio.gather(*sent)
+        t1 = time.perf_counter()
+        await self.consumer.commit(offsets)
+        self.next.update(offsets)
+        self.stats.add(inputs, outputs, deciding, t1 - t0, time.perf_counter() - t1)
+
+    async def _settled(self) -> None:
+        """Wait for the batch in flight, if any; a ``KafkaError`` if it could not be written or committed."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            await inflight
+
+    async def _failed(self, exc: BaseException, tps: set[TopicPartition]) -> None:
+        """A batch could not be written or committed: every partition with decisions not committed
+        (this batch's, and the one in flight before it) goes back to its last commit."""
+        with contextlib.suppress(KafkaError):
+            await self._settled()
+        rewind = (tps | set(self.owned)) & (self.consumer.assignment() if self.consumer else set())
+        log.error("could not write or commit a batch (%s); rewinding %s to the last commit", exc, _names(rewind))
+        await self._rewind(rewind)
 
     def _decidable(self, batch: dict[TopicPartition, list[ConsumerRecord]]
                    ) -> list[tuple[TopicPartition, list[ConsumerRecord]]]:
@@ -362,7 +420,7 @@ class BatchWorker:
             if tp not in self.owned:
                 self.consumer.seek(tp, records[0].offset)
                 continue
-            expected = self.next.get(tp, -1)
+            expected = self.decided_to.get(tp, -1)
             records = [r for r in records if r.offset >= expected]
             if records:
                 parts.append((tp, records))
@@ -378,7 +436,9 @@ class BatchWorker:
         try:
             t1 = time.perf_counter()
             await producer.begin_transaction()
-            await self._produce(producer, outputs, {tp})
+            sent = await self._produce(producer, outputs, {tp})
+            if sent:
+                await asyncio.gather(*sent)
             t2 = time.perf_counter()
             await producer.send_offsets_to_transaction({tp: offset}, self.settings.app_id)
             await producer.commit_transaction()
@@ -389,27 +449,32 @@ class BatchWorker:
                 await producer.abort_transaction()
             await self._rewind({tp})
             return
-        self.next[tp] = offset
+        self.next[tp] = self.decided_to[tp] = offset
 
-    async def _produce(self, producer: AIOKafkaProducer, outputs: list[Output], tps: set[TopicPartition]) -> None:
-        """Send the decisions, then the changelog of the state they leave; return once all are acknowledged.
+    async def _produce(self, producer: AIOKafkaProducer, outputs: list[Output],
+                       tps: set[TopicPartition]) -> list[asyncio.Future[Any]]:
+        """Queue the decisions, then the changelog of the state they leave; the futures of their
+        acknowledgements.
 
         Records are packed into one batch per partition (``BatchBuilder``), not sent one by one:
         aiokafka's per-message ``send`` costs more than a decision, and ships tiny requests."""
         batches = _Batches(producer)
         partitions = self.settings.partitions
         encoded: dict[int, bytes] = {}  # a decision goes to several topics: encode it once
+        messages: list[tuple[str, bytes, bytes]] = []
         for topic, key, record in outputs:
             value = encoded.get(id(record))
             if value is None:
                 value = encoded[id(record)] = self.codec.encode(record)
-            headers = self.signer.sign(topic, key, value, now_ms())
+            messages.append((topic, key, value))
+        # One signature per group of outputs (a Merkle root), not one per output: see Signer.sign_batch.
+        for (topic, key, value), headers in zip(messages, self.signer.sign_batch(messages, now_ms()), strict=True):
             batches.add(topic, partition_for(key, partitions), key, value, headers)
         for tp in tps:
             for table in self.processors[tp.topic].tables:
                 for partition, row, state in table.take_changes({tp.partition}):
                     batches.add(table.topic, partition, row, state, [])
-        await batches.send()
+        return await batches.send()
 
     async def _decide(self, message: ConsumerRecord) -> list[Output]:
         """Decide one input; its outputs (answers, events, dead letters), in order."""
@@ -481,6 +546,10 @@ class BatchWorker:
     async def revoked(self, revoked: set[TopicPartition]) -> None:
         """Called before a rebalance: the batch in flight finishes (and commits) first."""
         async with self.lock:
+            try:
+                await self._settled()
+            except KafkaError as exc:  # the next owner starts at the last commit, and decides the rest
+                log.error("the last batch before the rebalance was not committed: %s", exc)
             log.info("rebalance: %d partitions revoked", len(revoked))
 
     async def assigned(self, assigned: set[TopicPartition]) -> None:
@@ -488,12 +557,15 @@ class BatchWorker:
         the state of every partition this worker did not hold, from its changelog."""
         assert self.consumer is not None
         async with self.lock:
+            with contextlib.suppress(KafkaError):
+                await self._settled()  # (revoked did it, unless this worker's first assignment)
             started = time.monotonic()
             self.generation += 1
             gone = self.owned - assigned
             self._forget(gone)
             for tp in gone:
                 self.next.pop(tp, None)
+                self.decided_to.pop(tp, None)
             for tp in gone:
                 producer = self.transactional.pop(tp, None)
                 if producer is not None:
@@ -504,7 +576,7 @@ class BatchWorker:
                 if tp in self.owned and committed == self.next.get(tp):
                     continue  # held throughout, and nobody else committed anything on it: its state stands
                 restore.add(tp)
-                self.next[tp] = -1 if committed is None else committed
+                self.next[tp] = self.decided_to[tp] = -1 if committed is None else committed
             if self.exactly_once:
                 for tp in sorted(restore):
                     old = self.transactional.pop(tp, None)
@@ -515,7 +587,15 @@ class BatchWorker:
                     producer = self._producer(f"{self.settings.app_id}-{tp.topic}-{tp.partition}")
                     await producer.start()
                     self.transactional[tp] = producer
-            restored = await self._restore(restore)
+            try:
+                restored = await self._restore(restore)
+            except KafkaError as exc:
+                log.error("restoring %s failed (%s); trying again in 1 s", _names(restore), exc)
+                self.owned = set(assigned) - restore
+                retry = asyncio.get_running_loop().create_task(self._rewind_later(restore))
+                self._retries.add(retry)
+                retry.add_done_callback(self._retries.discard)
+                return
             self.owned = set(assigned)
             log.info("Ready: %d partitions (%d restored from %d changelog records) in %.0f ms: %s",
                      len(assigned), len(restore), restored, (time.monotonic() - started) * 1000,
@@ -578,7 +658,7 @@ class BatchWorker:
             await self._restore(tps)
             for tp in tps:
                 committed = await self.consumer.committed(tp)
-                self.next[tp] = -1 if committed is None else committed
+                self.next[tp] = self.decided_to[tp] = -1 if committed is None else committed
                 if committed is None:
                     await self.consumer.seek_to_beginning(tp)
                 else:
@@ -684,15 +764,14 @@ class _Batches:
             if builder.append(timestamp=None, key=key, value=value, headers=headers) is None:
                 raise ContractError(Reason.TOO_LARGE, f"a record of {len(value or b'')} bytes does not fit a batch")
 
-    async def send(self) -> None:
-        """Queue every batch, in the order filled; return once the broker has acknowledged them all."""
+    async def send(self) -> list[asyncio.Future[Any]]:
+        """Queue every batch, in the order filled; the futures of their acknowledgements."""
         self.full.extend((topic, partition, builder) for (topic, partition), builder in self.open.items())
         self.open.clear()
         sent = [await self.producer.send_batch(builder, topic, partition=partition)
                 for topic, partition, builder in self.full]
         self.full.clear()
-        if sent:
-            await asyncio.gather(*sent)
+        return sent
 
 
 def _log_tick_failure(sent: asyncio.Future[Any]) -> None:
@@ -708,4 +787,7 @@ def run_worker(settings: Settings, loglevel: str = "warning") -> None:
     """``arbiter worker`` on the batched runtime."""
     logging.basicConfig(level=loglevel.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLogger().level))
-    asyncio.run(BatchWorker(settings).run())
+    worker = BatchWorker(settings)
+    asyncio.run(worker.run())
+    if worker.exit_code:
+        raise SystemExit(worker.exit_code)

@@ -241,3 +241,47 @@ def test_the_gate_combines_signature_and_rules(registry: Registry, alice: Signer
     refused = gate.admit(TOPIC, key, value, headers, forged, 100)
     assert isinstance(refused, Refused) and refused.reason == Reason.FORBIDDEN
     assert Gate(registry, enabled=False).admit(TOPIC, key, value, [], forged, 100) is None
+
+
+# -- batch signatures (one signature over a Merkle root; each message carries its proof) ----------
+
+
+def batch(signer: Signer, n: int) -> list[tuple[str, bytes, bytes, list[tuple[str, bytes]]]]:
+    messages = [(TOPIC if i % 2 else "arbiter.agent.inbox", f"k{i}".encode(), f"value {i}".encode()) for i in range(n)]
+    return [(t, k, v, h) for (t, k, v), h in zip(messages, signer.sign_batch(messages, 10), strict=True)]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 64, 65, 200])
+def test_every_message_of_a_batch_verifies_on_its_own(registry: Registry, alice: Signer, n: int) -> None:
+    signed_batch = batch(alice, n)
+    assert len({h[2][1] for *_rest, h in signed_batch}) == -(-n // 64), "one signature per group of 64"
+    for topic, key, value, headers in reversed(signed_batch):  # any order: each stands alone
+        verdict = Registry([ADMIN.public_raw]) if n == 3 else registry  # a fresh registry has no cache
+        if verdict is not registry:
+            register(verdict, entry(alice))
+        assert isinstance(verdict.verify(topic, key, value, headers, 20), Verified)
+
+
+@pytest.mark.parametrize("change", ["value", "key", "topic", "proof-of-another", "proof-truncated",
+                                    "proof-garbage", "no-proof"])
+def test_a_changed_message_of_a_batch_is_refused_even_after_its_root_was_verified(
+        registry: Registry, alice: Signer, change: str) -> None:
+    signed_batch = batch(alice, 8)
+    for topic, key, value, headers in signed_batch:  # every root is now verified (and cached)
+        assert isinstance(registry.verify(topic, key, value, headers, 20), Verified)
+    topic, key, value, headers = signed_batch[3]
+    proof = dict(headers)["arbiter-proof"]
+    if change == "value":
+        value += b"!"
+    elif change == "key":
+        key = b"k4"
+    elif change == "topic":
+        topic = "arbiter.saga.commands"
+    else:  # the proof: another message's, cut short, malformed, or none
+        other = {"proof-of-another": dict(signed_batch[4][3])["arbiter-proof"], "proof-truncated": proof[:-33],
+                 "proof-garbage": proof[:-1], "no-proof": None}[change]
+        headers = [(h, v) for h, v in headers if h != "arbiter-proof"]
+        if other is not None:
+            headers.append(("arbiter-proof", other))
+    verdict = registry.verify(topic, key, value, headers, 20)
+    assert isinstance(verdict, Refused) and verdict.reason == Reason.UNAUTHENTICATED, change

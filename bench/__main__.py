@@ -63,7 +63,8 @@ async def bench_roundtrip(rate: float, count: int) -> None:
 
 
 NAMES = ["codec", "core", "roundtrip", "grant", "handoff", "throughput", "ceiling", "check", "intent", "checks",
-         "graph", "detection", "replay", "trust-crypto", "trust-latency", "sdk-scale", "runtime", "messages", "scaling"]
+         "graph", "detection", "replay", "trust-crypto", "trust-latency", "sdk-scale", "runtime", "messages", "scaling",
+         "floor"]
 
 
 def main() -> None:
@@ -115,6 +116,8 @@ def main() -> None:
         asyncio.run(runtime.messages(min(args.count, 200)))
     if "scaling" in names:
         asyncio.run(runtime.scaling(args.burst))
+    if "floor" in names:
+        asyncio.run(runtime.kafka_floor(min(args.count, 500)))
     if "detection" in names:
         asyncio.run(deadlock.detection_latency(1_000.0, min(args.count, 500)))
     if "replay" in names:

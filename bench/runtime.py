@@ -7,6 +7,7 @@ latency and hand-off latency.
 ``python -m bench messages``: Kafka messages written per uncontended grant, per release, and per
 hand-off with 1, 4 and 16 waiters queued, by topic (changelogs included).
 ``python -m bench scaling``: a burst decided by one worker, then by two, on 8 partitions.
+``python -m bench floor``: one Kafka hop without Arbiter (produce, acks=all, until consumed).
 """
 
 from __future__ import annotations
@@ -19,11 +20,12 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from agents import ArbiterClient, Lease
 from contract.kafkaauth import kafka_client_options
-from contract.settings import Settings
+from contract.settings import Settings, load_settings
 from runtime.common import TABLES
 
 from .env import bench_arbiter
@@ -154,3 +156,42 @@ async def scaling(burst: int) -> None:
     for workers, rates in sorted(results.items()):
         print(f"scaling: {workers} worker{'s' if workers > 1 else ''} on 8 partitions: "
               f"{', '.join(f'{r:,.0f}' for r in rates)} grants/s ({_load()})")
+
+
+async def kafka_floor(count: int) -> None:
+    """The least a Kafka hop costs here, without Arbiter: produce one record (acks=all) and wait
+    until a consumer parked on the partition has it. A grant is two such hops."""
+    settings = load_settings()
+    topic = f"bench-floor-{time.time_ns()}"
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, **kafka_client_options(settings))
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all", linger_ms=0,
+                                **kafka_client_options(settings))
+    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
+                                fetch_max_wait_ms=settings.fetch_max_wait_ms, **kafka_client_options(settings))
+    await producer.start()
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_end(tp)
+        await consumer.position(tp)
+        acked, seen = [], []
+        for _ in range(count):
+            started = time.perf_counter()
+            await producer.send_and_wait(topic, b"x", partition=0)
+            acked.append((time.perf_counter() - started) * 1000)
+            while not await consumer.getmany(tp, timeout_ms=1000):
+                pass
+            seen.append((time.perf_counter() - started) * 1000)
+            await asyncio.sleep(0.01)
+    finally:
+        await producer.stop()
+        await consumer.stop()
+    print(f"kafka floor, one hop without Arbiter (n={count}): produced and acknowledged p50 "
+          f"{statistics.median(acked):.2f} ms; produced until consumed p50 {statistics.median(seen):.2f} ms, "
+          f"p99 {statistics.quantiles(seen, n=100, method='inclusive')[98]:.2f} ms")

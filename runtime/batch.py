@@ -396,7 +396,11 @@ class BatchWorker:
         (this batch's, and the one in flight before it) goes back to its last commit."""
         with contextlib.suppress(KafkaError):
             await self._settled()
-        rewind = (tps | set(self.owned)) & (self.consumer.assignment() if self.consumer else set())
+        dirty = tps | set(self.owned)
+        for tp in dirty:
+            # Their state in memory may be ahead of their changelog: never kept across a rebalance.
+            self.next.pop(tp, None)
+        rewind = dirty & (self.consumer.assignment() if self.consumer else set())
         log.error("could not write or commit a batch (%s); rewinding %s to the last commit", exc, _names(rewind))
         await self._rewind(rewind)
 
@@ -646,6 +650,8 @@ class BatchWorker:
         When that fails too (the broker is still away), the partitions wait, undecided, and it is
         tried again a second later; False then."""
         assert self.consumer is not None
+        for tp in tps:
+            self.next.pop(tp, None)  # (until restored: a rebalance meanwhile restores it instead of keeping it)
         try:
             if self.exactly_once:
                 for tp in tps:

@@ -20,7 +20,7 @@ import pytest
 from agents import ArbiterClient, ArbiterTimeout
 from arbiter.audit.log import read_log
 from arbiter.processes import WorkerPool, wait_until_served
-from contract import LockGranted
+from contract import LockDenied, LockGranted
 from contract.partitioning import key_for_partition
 from contract.settings import Settings
 from runtime.batch import ChangelogTable
@@ -204,3 +204,143 @@ async def test_an_orderly_stop_hands_its_partitions_over_before_the_session_time
     finally:
         pool.stop()
     assert set(owners.values()) == {"worker-2"}
+
+
+# -- the broker dies under a busy worker ---------------------------------------------------
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.kafka
+async def test_a_busy_worker_carries_on_after_its_broker_is_killed_and_restarted(tmp_path: Path) -> None:
+    """kill -9 of the (only) broker in the middle of a burst: the worker's writes and commits fail,
+    it rewinds to its last commit and retries until the broker is back, without restarting; then
+    every request is granted, each with the token it would have had anyway, and the audit passes."""
+    import hashlib
+    import os
+    import signal
+    import socket
+
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    from arbiter.localkafka import POM, LocalKafka
+    from contract import LockRequested, default_codec
+    from contract.clock import now_ms
+    from contract.identity import ROLE_WORKER, signer_for
+    from contract.settings import load_settings
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+    port = free_port()
+    own = Settings(home=tmp_path / "broker", kafka_port=port, kafka_controller_port=free_port(),
+                   bootstrap=f"127.0.0.1:{port}", kafka_heap="384m")
+    shared = LocalKafka(load_settings()).libs  # the jars the main broker fetched
+    stamp = shared / ".pom-sha256"
+    if stamp.exists() and stamp.read_text().strip() == hashlib.sha256(POM.read_bytes()).hexdigest():
+        (own.home / "kafka").mkdir(parents=True)
+        (own.home / "kafka" / "libs").symlink_to(shared)
+    broker = LocalKafka(own)
+    await asyncio.to_thread(broker.up)  # (LocalKafka runs event loops of its own)
+    settings = isolated_settings(own.bootstrap, tmp_path / "arbiter")
+    pool = WorkerPool(settings)
+    total = 12_000
+    try:
+        await ensure_topics(settings)
+        pool.start(1)
+        keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
+        async with ArbiterClient("prober", settings) as client:
+            await wait_until_served(client, pool, keys)
+        codec = default_codec()
+        signer = signer_for(settings.home, ROLE_WORKER)  # may send for any agent: the burst passes the gate
+        topic = settings.topics.resource_commands
+        producer = AIOKafkaProducer(bootstrap_servers=own.bootstrap, linger_ms=5, acks="all")
+        await producer.start()
+        sent = now_ms()
+        for i in range(total):
+            key = f"burst:{i}".encode()
+            value = codec.encode(LockRequested(request_id=f"r{i}", agent_id=f"agent-{i % 50}", resource=key.decode(),
+                                               mode="exclusive", ttl_ms=600_000, sent_at_ms=sent))
+            await producer.send(topic, value, key=key, headers=signer.sign(topic, key, value, now_ms()))
+        await producer.flush()
+        await producer.stop()
+
+        events = AIOKafkaConsumer(bootstrap_servers=own.bootstrap, group_id=None, enable_auto_commit=False,
+                                  auto_offset_reset="earliest")
+        await events.start()
+        tps = [TopicPartition(settings.topics.resource_events, p) for p in range(settings.partitions)]
+        events.assign(tps)
+        granted: dict[str, list[int]] = defaultdict(list)
+
+        async def read_grants(until: Callable[[], bool], timeout: float) -> None:
+            deadline = time.monotonic() + timeout
+            while not until():
+                pool.check_alive()
+                assert time.monotonic() < deadline, f"{len(granted)} of {total} granted after {timeout:.0f} s"
+                for messages in (await events.getmany(timeout_ms=200)).values():
+                    for message in messages:
+                        record = codec.decode(message.value)
+                        if isinstance(record, LockGranted):
+                            granted[record.resource].append(record.token)
+
+        await read_grants(lambda: len(granted) >= total // 6, 60)  # the worker is busy deciding
+        pid = broker.pid()
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        await events.stop()
+        deadline = time.monotonic() + 30
+        while _listening(own.kafka_port) or _listening(own.kafka_controller_port):  # until the kill is done
+            assert time.monotonic() < deadline, "the killed broker still listens"
+            await asyncio.sleep(0.1)
+        await asyncio.to_thread(broker.up)  # the same data directory: nothing acknowledged is lost
+        events = AIOKafkaConsumer(bootstrap_servers=own.bootstrap, group_id=None, enable_auto_commit=False,
+                                  auto_offset_reset="earliest")
+        await events.start()
+        events.assign(tps)
+        await events.seek_to_beginning(*tps)
+        granted.clear()
+        await read_grants(lambda: len(granted) >= total, 180)
+        pool.check_alive()  # carried on by itself: the same process throughout
+        assert all(set(tokens) == {1} for tokens in granted.values()), "a redelivered request got another token"
+
+        # Every book must be in the changelog, not only in the worker's memory: a fresh worker
+        # restores them, and a rival's request on each resource is refused as held, never granted.
+        pool.workers[0].kill()
+        pool.workers.clear()
+        pool.start(1)
+        async with ArbiterClient("prober", settings) as client:
+            await wait_until_served(client, pool, keys)
+        producer = AIOKafkaProducer(bootstrap_servers=own.bootstrap, linger_ms=5, acks="all")
+        await producer.start()
+        sent = now_ms()
+        for i in range(total):
+            key = f"burst:{i}".encode()
+            value = codec.encode(LockRequested(request_id=f"rival{i}", agent_id="rival", resource=key.decode(),
+                                               mode="exclusive", ttl_ms=600_000, wait_ms=0, sent_at_ms=sent))
+            await producer.send(topic, value, key=key, headers=signer.sign(topic, key, value, now_ms()))
+        await producer.flush()
+        await producer.stop()
+        answers: dict[str, str] = {}
+        deadline = time.monotonic() + 120
+        while len(answers) < total:
+            pool.check_alive()
+            assert time.monotonic() < deadline, f"{len(answers)} of {total} rival requests answered"
+            for messages in (await events.getmany(timeout_ms=200)).values():
+                for message in messages:
+                    record = codec.decode(message.value)
+                    if isinstance(record, LockGranted | LockDenied) and record.agent_id == "rival":
+                        answers[record.resource] = type(record).__name__
+        await events.stop()
+        assert set(answers.values()) == {"LockDenied"}, "a book was lost: a rival got a resource that was held"
+        await assert_clean_audit(settings)
+    finally:
+        pool.stop()
+        await asyncio.to_thread(broker.down)

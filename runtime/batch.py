@@ -642,7 +642,9 @@ class BatchWorker:
             if time.monotonic() - last_report > 5:
                 last_report = time.monotonic()
                 log.info("restoring state: %d changelog records read, %d partitions to go", count, len(remaining))
-        restorer.assign([])
+        # Paused, not unassigned: an idle assignment would be fetched from forever, and assign([])
+        # makes aiokafka ask the broker for the metadata of every topic.
+        restorer.pause(*where)
         return count
 
     async def _rewind(self, tps: set[TopicPartition]) -> bool:

@@ -582,15 +582,7 @@ class BatchWorker:
                 restore.add(tp)
                 self.next[tp] = self.decided_to[tp] = -1 if committed is None else committed
             if self.exactly_once:
-                for tp in sorted(restore):
-                    old = self.transactional.pop(tp, None)
-                    if old is not None:
-                        await old.stop()
-                    # init_transactions fences the partition's previous owner and ends its open
-                    # transaction, before this worker reads the partition's changelog.
-                    producer = self._producer(f"{self.settings.app_id}-{tp.topic}-{tp.partition}")
-                    await producer.start()
-                    self.transactional[tp] = producer
+                await self._fence(restore)
             try:
                 restored = await self._restore(restore)
             except KafkaError as exc:
@@ -604,6 +596,18 @@ class BatchWorker:
             log.info("Ready: %d partitions (%d restored from %d changelog records) in %.0f ms: %s",
                      len(assigned), len(restore), restored, (time.monotonic() - started) * 1000,
                      _names(assigned))
+
+    async def _fence(self, tps: set[TopicPartition]) -> None:
+        """A fresh transactional producer for each of ``tps`` (exactly_once). Its ``init_transactions``
+        fences the partition's previous producer, here or in another worker, and ends its open
+        transaction, before this worker reads the partition's changelog."""
+        for tp in sorted(tps):
+            old = self.transactional.pop(tp, None)
+            if old is not None:
+                await old.stop()
+            producer = self._producer(f"{self.settings.app_id}-{tp.topic}-{tp.partition}")
+            await producer.start()
+            self.transactional[tp] = producer
 
     def _forget(self, tps: set[TopicPartition]) -> None:
         for tp in tps:
@@ -656,13 +660,7 @@ class BatchWorker:
             self.next.pop(tp, None)  # (until restored: a rebalance meanwhile restores it instead of keeping it)
         try:
             if self.exactly_once:
-                for tp in tps:
-                    old = self.transactional.pop(tp, None)
-                    if old is not None:
-                        await old.stop()
-                    producer = self._producer(f"{self.settings.app_id}-{tp.topic}-{tp.partition}")
-                    await producer.start()
-                    self.transactional[tp] = producer
+                await self._fence(tps)
             await self._restore(tps)
             for tp in tps:
                 committed = await self.consumer.committed(tp)

@@ -18,7 +18,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -53,13 +53,16 @@ from contract import (
     default_codec,
 )
 from contract.clock import now_ms
+from contract.identity import Signer, key_file, read_private_key
 from contract.reasons import Reason, what_to_do
 from contract.settings import Settings, load_settings
 
+from .httptransport import HttpTransport
+from .identities import ensure_identity
 from .leases import ArbiterError, Lease, LeaseDenied, OnAcquired
 from .outcomes import Outcome, Snapshot
 from .sagas import Saga, SagaAborted, SagaMessage
-from .transport import KafkaTransport
+from .transport import KafkaTransport, Transport
 
 Replan = Callable[[Outcome], Awaitable[tuple[int, dict[str, Any]] | None]]
 """replan(conflict) -> (new base version, new patch), or None to give up."""
@@ -89,16 +92,36 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
+def _key_file_api_key(settings: Settings, agent_id: str) -> str:
+    """The API key of ``agent_id``'s key file under the home, if there is one ("" if not)."""
+    path = key_file(settings.home, agent_id)
+    return read_private_key(path, agent_id).api_key() if path.exists() else ""
+
+
 class ArbiterClient:
     """An AI agent's connection to Arbiter. Use as ``async with ArbiterClient(...)``."""
 
-    def __init__(self, agent_id: str, settings: Settings | None = None, codec: Codec | None = None) -> None:
+    def __init__(self, agent_id: str, settings: Settings | None = None, codec: Codec | None = None, *,
+                 url: str | Sequence[str] | None = None, api_key: str | None = None,
+                 signer: Signer | None = None) -> None:
+        """``url`` (one front door, a list, or a comma-separated list; default ``ARBITER_URL``) talks to
+        Arbiter through ``arbiter serve`` with ``api_key`` (default ``ARBITER_API_KEY``, else the agent's
+        key file); without one, the client talks to Kafka directly, signing with ``signer`` or the
+        agent's key file. The API is the same either way."""
         if not agent_id:
             raise ValueError("agent_id must not be empty")
         self.agent_id = agent_id
         self.settings = settings or load_settings()
         self.codec = codec or default_codec(self.settings.max_message_bytes)
-        self._transport = KafkaTransport(agent_id, self.settings, self.codec, self._on_inbox)
+        url = url or self.settings.url or None
+        self._transport: Transport
+        if url:
+            key = api_key or self.settings.api_key or _key_file_api_key(self.settings, agent_id)
+            self._transport = HttpTransport(agent_id, url, key, self._on_inbox,
+                                            max_message_bytes=2 * self.settings.max_message_bytes)
+        else:
+            self._transport = KafkaTransport(agent_id, self.settings, self.codec, self._on_inbox, signer=signer)
+        self._listeners: list[Route] = []
         self._routes: dict[str, Route] = {}
         self._held: dict[str, Lease] = {}
         self.registered_at_ms = now_ms()
@@ -107,6 +130,7 @@ class ArbiterClient:
         """Every deadlock this agent was chosen to break, newest last."""
         self._deadlock_seen = asyncio.Event()
         self._sagas: dict[str, Saga] = {}
+        self._saga_ends: dict[str, asyncio.Future[Record]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
@@ -127,6 +151,9 @@ class ArbiterClient:
 
     async def start(self) -> None:
         """Connect, and start reading this agent's inbox from now on."""
+        transport = self._transport
+        if isinstance(transport, HttpTransport) and not transport.api_key and self.settings.auto_enroll:
+            transport.api_key = (await ensure_identity(self.settings, self.agent_id)).api_key()
         await self._transport.start()
 
     async def close(self) -> None:
@@ -134,8 +161,27 @@ class ArbiterClient:
         self._routes.clear()
         await self._transport.close()
 
+    def subscribe(self, listener: Route) -> Callable[[], None]:
+        """Also hand every inbox record of this agent to ``listener`` (it must not block); returns
+        the function that unsubscribes it. The front door pushes them to the agent's WebSockets."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def forget(self, lease: Lease) -> None:
+        """Stop tracking ``lease`` (it is gone, or someone else tracks it) without releasing it."""
+        if self._held.get(lease.resource) is lease:
+            del self._held[lease.resource]
+        self._routes.pop(lease.request_id, None)
+
+    @property
+    def transport(self) -> Transport:
+        """How this client reaches Arbiter (the front door sends an agent's raw commands through it)."""
+        return self._transport
+
     def _on_inbox(self, record: Record) -> None:
         """Hand one inbox record to the route waiting for it (the transport's callback)."""
+        for listener in tuple(self._listeners):
+            listener(record)
         if isinstance(record, DeadlockDetected):
             self.deadlocks.append(record)
             self._deadlock_seen.set()
@@ -320,6 +366,19 @@ class ArbiterClient:
         the completed steps) and is re-raised once the saga is ``COMPENSATED``. If the
         agent was chosen as a deadlock victim meanwhile, leaving raises ``SagaAborted``.
         """
+        saga = self.open_saga(name)
+        try:
+            yield saga
+        except BaseException as exc:
+            await asyncio.shield(self.finish_saga(saga, saga.abort_reason or f"{type(exc).__name__}: {exc}"[:200],
+                                                  timeout))
+            raise
+        outcome = await self.finish_saga(saga, None, timeout)
+        if outcome.outcome != "COMPLETED":
+            raise SagaAborted(saga.saga_id, saga.abort_reason or "aborted")
+
+    def open_saga(self, name: str) -> Saga:
+        """Start a saga (``saga`` does this for a block); end it with ``finish_saga``."""
         saga = Saga(self, f"saga:{self.agent_id}/{name}:{_new_id()}", self._send_saga)
         finished: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
 
@@ -329,22 +388,29 @@ class ArbiterClient:
 
         self._routes[saga.saga_id] = route
         self._sagas[saga.saga_id] = saga
+        self._saga_ends[saga.saga_id] = finished
+        return saga
+
+    async def finish_saga(self, saga: Saga, abort: str | None, timeout: float = 120.0) -> SagaFinished:
+        """Complete ``saga`` (``abort`` None, unless it was aborted meanwhile) or abort it with that
+        reason (its completed steps are compensated); await and return how it ended."""
+        finished = self._saga_ends[saga.saga_id]
         try:
-            try:
-                yield saga
-            except BaseException as exc:
-                await asyncio.shield(saga.abort(saga.abort_reason or f"{type(exc).__name__}: {exc}"[:200]))
-                await asyncio.shield(asyncio.wait_for(finished, timeout))
-                raise
-            if saga.abort_reason is None:
+            if abort is not None:
+                await saga.abort(abort)
+            elif saga.abort_reason is None:
                 await saga.complete()
-            outcome = await asyncio.wait_for(finished, timeout)
+            try:
+                outcome = await asyncio.wait_for(asyncio.shield(finished), timeout)
+            except TimeoutError:
+                raise ArbiterTimeout(f"saga {saga.saga_id} did not end within {timeout}s: "
+                                     "is a worker running?") from None
             assert isinstance(outcome, SagaFinished)
-            if outcome.outcome != "COMPLETED":
-                raise SagaAborted(saga.saga_id, saga.abort_reason or "aborted")
+            return outcome
         finally:
             self._sagas.pop(saga.saga_id, None)
             self._routes.pop(saga.saga_id, None)
+            self._saga_ends.pop(saga.saga_id, None)
 
     async def wait_for_deadlock(self, timeout: float | None = None) -> DeadlockDetected:
         """Suspend until this agent is chosen as a deadlock victim; returns the notice."""
@@ -470,15 +536,17 @@ class ArbiterClient:
         step: int | None = None,
         is_compensation: bool = False,
         timeout: float = 30.0,
+        token: int | None = None,
     ) -> Outcome:
         """Ask the gateway to run ``tool`` on a resource; await the outcome.
 
         Pass the ``Lease`` (its token fences the write) or, for optimistic resources,
-        the resource name with ``base_version``. Reusing an ``intent_id`` returns the
-        original outcome; the tool never runs twice.
+        the resource name with ``base_version`` (or a lease's ``token`` held elsewhere, as the
+        front door does). Reusing an ``intent_id`` returns the original outcome; the tool never
+        runs twice.
         """
         resource = lease.resource if isinstance(lease, Lease) else lease
-        token = lease.token if isinstance(lease, Lease) else None
+        token = lease.token if isinstance(lease, Lease) else token
         intent_id = intent_id or _new_id()
         intent = ToolIntent(
             intent_id=intent_id, agent_id=self.agent_id, resource=resource, token=token,

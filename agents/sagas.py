@@ -43,7 +43,7 @@ class SagaHost(Protocol):
     def agent_id(self) -> str: ...
 
     async def execute(self, lease: Lease | str, tool: str, args: dict[str, Any], *, base_version: int | None = ...,
-                      saga_id: str | None = ..., step: int | None = ...) -> Outcome: ...
+                      saga_id: str | None = ..., step: int | None = ..., token: int | None = ...) -> Outcome: ...
 
     def delegate(self, to: str, task: str = ..., priority: int = ...,
                  saga_id: str | None = ...) -> AbstractAsyncContextManager[None]: ...
@@ -82,18 +82,20 @@ class Saga:
 
     async def step(self, lease: Lease | str, tool: str, args: dict[str, Any], *,
                    compensate: Compensation | Callable[[Outcome], Compensation] | None = None,
-                   base_version: int | None = None) -> Outcome:
+                   base_version: int | None = None, token: int | None = None) -> Outcome:
         """Run one step through the gateway; raise ``SagaStepRejected`` if it is not applied.
 
         ``compensate`` is ``(tool, args)``, or a function of the step's outcome that
-        returns them (for an undo that names what the step created).
+        returns them (for an undo that names what the step created). ``token`` fences a
+        step on a resource named by string (a lease held elsewhere).
         """
         if self.abort_reason is not None:
             raise SagaAborted(self.saga_id, self.abort_reason)
         step = self.steps
         self.steps += 1
+        fenced = {} if token is None else {"token": token}  # hosts without a token parameter keep working
         outcome = await self.client.execute(lease, tool, args, base_version=base_version, saga_id=self.saga_id,
-                                            step=step)
+                                            step=step, **fenced)
         resource = lease.resource if isinstance(lease, Lease) else lease
         undo = compensate(outcome) if callable(compensate) else compensate
         comp_tool, comp_args = undo if undo else (None, None)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from contract import Codec, ContractError, Record
 from contract.clock import now_ms
@@ -39,23 +39,42 @@ log = logging.getLogger(__name__)
 OnRecord = Callable[[Record], None]
 """Called, in inbox order, with each record for this agent. It must not block."""
 
+
+
+class Transport(Protocol):
+    """What ``ArbiterClient`` sends and hears through: Kafka directly, or a front door."""
+
+    forged: int
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def send(self, topic: str, key: str, record: Record) -> None: ...
+
+
 _NOT_STARTED = "ArbiterClient is not started; use 'async with ArbiterClient(...)'"
 
 
 class KafkaTransport:
     """Sends one agent's records to Arbiter's topics and reads its inbox. ``start`` before, ``close`` after."""
 
-    def __init__(self, agent_id: str, settings: Settings, codec: Codec, on_record: OnRecord) -> None:
+    def __init__(self, agent_id: str, settings: Settings, codec: Codec, on_record: OnRecord,
+                 signer: Signer | None = None) -> None:
+        if signer is not None and signer.name != agent_id:
+            raise ValueError(f"the key given is {signer.name!r}'s, not {agent_id!r}'s")
         self.agent_id = agent_id
         self.settings = settings
         self.codec = codec
         self._on_record = on_record
         self.hub: hubs.InboxHub | None = None
         """The Kafka clients this transport shares with the process's others (None until started)."""
-        self._signer: Signer | None = None
+        self._signer: Signer | None = signer
         self._feed: RegistryFeed | None = None
         self.forged = 0
         """Inbox records for this agent that no worker signed (dropped, never acted on)."""
+        self.offset = -1
+        """The inbox offset of the record being handed to ``on_record`` (of the last one, after)."""
 
     async def _identity(self) -> Signer | None:
         settings = self.settings
@@ -70,7 +89,8 @@ class KafkaTransport:
 
     async def start(self) -> None:
         """Connect, and start reading this agent's inbox from its current end."""
-        self._signer = await self._identity()
+        if self._signer is None:
+            self._signer = await self._identity()
         hub = await hubs.join(self.settings, self.agent_id, self)
         self._feed = hub.feed
         self.hub = hub
@@ -92,15 +112,22 @@ class KafkaTransport:
 
     async def deliver(self, message: Any) -> None:
         """One inbox message keyed by this agent (the hub's reader calls this): decode, verify, hand on."""
+        record = await self.check(message)
+        if record is not None:
+            self.offset = message.offset
+            self._on_record(record)
+
+    async def check(self, message: Any) -> Record | None:
+        """The record an inbox message carries, if it decodes and a worker signed it (else None)."""
         if message.value is None:
-            return
+            return None
         try:
             record: Record = self.codec.decode(message.value)
         except ContractError:
-            return  # not for a client this version understands; the workers dead-letter
+            return None  # not for a client this version understands; the workers dead-letter
         if self._feed is not None and not await self._from_worker(message):
-            return
-        self._on_record(record)
+            return None
+        return record
 
     async def _from_worker(self, message: Any) -> bool:
         """Whether a worker identity signed this inbox message (else it is counted and dropped)."""

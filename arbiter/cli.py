@@ -150,6 +150,28 @@ def worker(ctx: click.Context, loglevel: str) -> None:
     faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
 
 
+@main.command()
+@click.option("--host", default=None, help="Address to listen on (default ARBITER_DOOR_HOST, 127.0.0.1).")
+@click.option("--port", type=int, default=None, help="Port (default ARBITER_DOOR_PORT, 8080; 0: any free one).")
+@click.option("--ssl-certfile", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Serve HTTPS/WSS with this certificate (do so beyond loopback: API keys are bearer secrets).")
+@click.option("--ssl-keyfile", type=click.Path(exists=True, dir_okay=False), default=None)
+@click.option("--loglevel", default="warning", show_default=True)
+@click.pass_context
+def serve(ctx: click.Context, host: str | None, port: int | None, ssl_certfile: str | None,
+          ssl_keyfile: str | None, loglevel: str) -> None:
+    """Run the front door: HTTP and WebSocket access for agents in any language (docs at /docs)."""
+    settings = settings_of(ctx)
+    if not broker_answers(settings.bootstrap, options=kafka_client_options(settings)):
+        fail(f"no Kafka answers at {settings.bootstrap}; start one with 'arbiter kafka up' or pass --bootstrap")
+    from door.serve import serve as run
+
+    scheme = "https" if ssl_certfile else "http"
+    where = f"{scheme}://{host or settings.door_host}:{settings.door_port if port is None else port}"
+    say(f"front door on {where} (OpenAPI at {where}/openapi.json, docs at {where}/docs)")
+    run(settings, host=host, port=port, loglevel=loglevel, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
+
+
 # -- ping ----------------------------------------------------------------------------
 
 

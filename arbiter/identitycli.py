@@ -10,7 +10,7 @@ import click
 from aiokafka.errors import KafkaError
 
 from agents.identities import Registrar, ensure_identity
-from contract.identity import ROLE_AGENT, ROLE_WORKER, IdentityError, key_file
+from contract.identity import ROLE_AGENT, ROLE_WORKER, IdentityError, key_file, read_private_key
 from contract.settings import Settings
 
 from .console import fail, say, settings_of
@@ -49,18 +49,43 @@ def agents() -> None:
 @click.option("--role", type=click.Choice([ROLE_AGENT, ROLE_WORKER]), default=ROLE_AGENT, show_default=True)
 @click.option("--print-key", is_flag=True, help="Print the private key once (for a secret store) instead of "
                                                 "writing it under ARBITER_HOME/keys.")
+@click.option("--print-api-key", is_flag=True, help="Print the agent's API key for the front door once "
+                                                    "(arbiter serve) instead of writing the key file.")
 @click.pass_context
-def agents_add(ctx: click.Context, name: str, tenant: str, allow: str, role: str, print_key: bool) -> None:
+def agents_add(ctx: click.Context, name: str, tenant: str, allow: str, role: str, print_key: bool,
+               print_api_key: bool) -> None:
     """Issue a key pair to NAME and register its public key (signed by the admin key)."""
     settings = settings_of(ctx)
     prefixes = [p.strip() for p in allow.split(",") if p.strip()]
-    signer = _run(Registrar(settings).add(name, role=role, tenant=tenant, allow=prefixes, keep_key=not print_key))
-    if print_key:
+    if print_api_key and role != ROLE_AGENT:
+        fail("only agents use the front door: --print-api-key goes with --role agent")
+    signer = _run(Registrar(settings).add(name, role=role, tenant=tenant, allow=prefixes,
+                                          keep_key=not (print_key or print_api_key)))
+    if print_api_key:
+        click.echo(signer.api_key())
+        say(f"added agent {name!r} (key {signer.key_id[:16]}); the API key above is shown once: store it and send "
+            f"it as 'Authorization: Bearer <key>' to the front door (or ARBITER_API_KEY for the SDK)")
+    elif print_key:
         click.echo(signer.private_pem().decode(), nl=False)
         say(f"added {role} {name!r} (key {signer.key_id[:16]}); the private key above is shown once: store it and "
             f"give it to the agent as ARBITER_IDENTITY_KEY")
     else:
         say(f"added {role} {name!r} (key {signer.key_id[:16]}); private key in {key_file(settings.home, name)}")
+
+
+@agents.command("api-key")
+@click.argument("name")
+@click.pass_context
+def agents_api_key(ctx: click.Context, name: str) -> None:
+    """Print NAME's API key for the front door, made from its key file under ARBITER_HOME/keys."""
+    settings = settings_of(ctx)
+    path = key_file(settings.home, name)
+    if not path.exists():
+        fail(f"no key file for {name!r} at {path}", f"issue one with 'arbiter agents add {name}'")
+    try:
+        click.echo(read_private_key(path, name).api_key())
+    except IdentityError as exc:
+        fail(str(exc))
 
 
 @agents.command("list")

@@ -118,3 +118,76 @@ async def wait_until_served(client: ArbiterClient, pool: WorkerPool, keys: list[
                 owners[key] = (await client.ping(key, timeout=2)).worker_id
             except ArbiterTimeout:
                 owners.pop(key, None)
+
+
+def free_port() -> int:
+    """A TCP port on loopback nobody listens on right now."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class DoorProcess:
+    """One ``arbiter serve`` child process (the front door) on a loopback port, logging to a file."""
+
+    settings: Settings
+    port: int = 0
+    log_dir: Path | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+
+    @property
+    def url(self) -> str:
+        """Where agents reach it."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> DoorProcess:
+        """Start it and return once it answers ``/healthz``."""
+        import urllib.request
+
+        self.port = self.port or free_port()
+        log_dir = self.log_dir or self.settings.home / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log = log_dir / f"door-{self.port}.log"
+        env = settings_env(self.settings)
+        env.update(self.extra_env)
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "arbiter", "serve", "--port", str(self.port), "--loglevel", "info"],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the front door exited with {self.proc.returncode}; see {self.log}:\n"
+                                   + self.log.read_text()[-3000:])
+            try:
+                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as answer:
+                    if answer.status == 200:
+                        return self
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"the front door did not answer within {timeout}s; see {self.log}")
+            time.sleep(0.1)
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM (sessions are told to resume elsewhere), then SIGKILL after ``timeout``."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode if self.proc is not None else 0
+
+    def kill(self) -> None:
+        """SIGKILL: a crashed door."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

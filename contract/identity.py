@@ -130,6 +130,19 @@ def root_of(payload: bytes, proof: bytes) -> bytes | None:
     return digest
 
 
+API_KEY_PREFIX = "arb1"
+
+
+def _b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64url(text: str) -> bytes:
+    if not text or len(text) > 400:
+        raise ValueError("empty or too long")
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
 def valid_name(name: str) -> str | None:
     """Why ``name`` cannot be an identity (None: it can)."""
     if not name or len(name.encode()) > 200:
@@ -180,6 +193,28 @@ class Signer:
         """The private key as unencrypted PKCS#8 PEM (keep it secret)."""
         return self.private_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                               serialization.NoEncryption())
+
+    def api_key(self) -> str:
+        """This identity as one bearer string for the front door (``arbiter serve``): its name and
+        private key. It is the key itself, so it is as secret as the key file; the door signs each
+        command with it exactly as the SDK would, and keeps it only in memory."""
+        raw = self.private_key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
+                                             serialization.NoEncryption())
+        return f"{API_KEY_PREFIX}.{_b64url(self.name.encode())}.{_b64url(raw)}"
+
+    @classmethod
+    def from_api_key(cls, text: str) -> Signer:
+        """The signer an API key (``api_key``) carries; ``IdentityError`` if it is not one."""
+        parts = text.strip().split(".")
+        if len(parts) != 3 or parts[0] != API_KEY_PREFIX:
+            raise IdentityError(f"an API key looks like '{API_KEY_PREFIX}.<name>.<key>' "
+                                "(from 'arbiter agents add NAME --print-api-key')")
+        try:
+            name = _unb64url(parts[1]).decode()
+            key = Ed25519PrivateKey.from_private_bytes(_unb64url(parts[2]))
+        except (ValueError, UnicodeDecodeError):
+            raise IdentityError("the API key is malformed") from None
+        return cls(name, key)
 
     def public_text(self) -> str:
         """The raw public key, base64."""

@@ -175,6 +175,45 @@ class Settings(BaseSettings):
     identity_key: str = ""
     """A private key (PEM or base64 raw), for keys kept in a secret store instead of a file."""
 
+    url: str = ""
+    """The SDK's front door (``arbiter serve``): one URL or a comma-separated list. Set, an
+    ``ArbiterClient`` talks to it over a WebSocket instead of to Kafka."""
+
+    api_key: str = ""
+    """The agent's API key for the front door (``arbiter agents add NAME --print-api-key``). Empty:
+    made from the agent's key file under the home."""
+
+    door_host: str = "127.0.0.1"
+    """Where ``arbiter serve`` listens. Loopback by default: put TLS in front (or pass
+    ``--ssl-certfile``) before exposing it, since API keys are bearer secrets."""
+
+    door_port: int = Field(default=8080, ge=0, le=65535)
+
+    door_max_body_bytes: int = Field(default=256 * 1024, ge=1024)
+    """Largest HTTP request body or WebSocket frame the door reads; larger ones get 413 / close 1009."""
+
+    door_rate: float = Field(default=2000.0, gt=0)
+    """Commands per second one agent may send through a door (a token bucket); over it, 429."""
+
+    door_burst: int = Field(default=200, ge=1)
+    """How many commands one agent may send at once before ``door_rate`` applies."""
+
+    door_max_sessions_per_agent: int = Field(default=8, ge=1)
+    """WebSocket sessions one agent may hold open on one door."""
+
+    door_max_inflight_per_agent: int = Field(default=256, ge=1)
+    """HTTP calls of one agent a door serves at once (waiting acquires included); more get 429."""
+
+    door_max_connections: int = Field(default=10_000, ge=1)
+    """Connections one door serves at once (uvicorn's limit); more get 503."""
+
+    door_session_buffer: int = Field(default=1000, ge=1)
+    """Events a WebSocket session may leave unread; past it the door closes it (code 1008, a
+    reason that says so), and the agent resumes from the log on its next session."""
+
+    door_idle_seconds: float = Field(default=60.0, gt=0)
+    """How long a door keeps an agent's state after its last call and session (held leases keep it)."""
+
     admin_public_keys: str = ""
     """The trust anchors: admin public keys (base64, comma separated) that sign the registry.
     Empty: ``<home>/keys/admin.pub``, which ``arbiter agents`` writes when it creates the admin key."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from arbiter.localkafka import broker_answers
-from arbiter.processes import WorkerPool
+from arbiter.processes import DoorProcess, WorkerPool
 from contract.settings import Settings, Topics, load_settings
 from runtime.topics import ensure_topics
 
@@ -124,3 +124,14 @@ async def worker(kafka_settings: Settings, workers: WorkerPool) -> AsyncIterator
     async with ArbiterClient("warmup", kafka_settings) as client:
         await wait_until_served(client, workers, keys)
     yield workers
+
+
+@pytest.fixture
+async def door(kafka_settings: Settings, worker: WorkerPool) -> AsyncIterator[DoorProcess]:
+    """A real front door (``arbiter serve``) in front of one real worker; stopped after the test."""
+    process = DoorProcess(kafka_settings)
+    await asyncio.to_thread(process.start)
+    try:
+        yield process
+    finally:
+        await asyncio.to_thread(process.stop)

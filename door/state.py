@@ -1,0 +1,433 @@
+"""The front door's state: who is connected, with which key, and where their inbox goes.
+
+Theory of operation
+-------------------
+An agent authenticates with its API key (``contract.identity.Signer.api_key``): its name
+and private key. The door checks the key against the registry (active, an agent's, the
+name it claims) on every call, and signs the agent's commands with it exactly as the
+SDK would, so a worker verifies the agent's own signature and applies the agent's own
+rules (``cores.trust``): the door adds no authority of its own, and an agent reaches
+nothing through it that it could not reach directly. Keys live only in memory.
+
+Each agent the door serves has one ``AgentState``: an ``ArbiterClient`` over the
+process's shared Kafka clients (``agents.hub``: one producer and one inbox reader for
+the whole door, routing by key, so the cost of a decision does not grow with the number
+of agents connected), the leases it acquired over HTTP, its sagas, its token bucket,
+and its WebSocket sessions. Each inbox record for the agent goes to its client (which
+answers the waiting call) and to each of its sessions' bounded queues; a session whose
+queue is full is closed with a reason, never waited for.
+
+A session can resume: it names the inbox offset after the last event it saw, and gets
+every record of its agent from there on, read from the log (the inbox topic keeps
+them), then the live ones, each offset once. That is how an agent whose door died
+carries on at another door without missing a revocation.
+
+An agent's state is dropped after ``door_idle_seconds`` with no call and no session;
+its leases stay in the log, and a later call by token works as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from agents import ArbiterClient, Lease
+from agents.sagas import Saga
+from contract import LockExpired, LockReleased, LockRevoked, Record, default_codec
+from contract.clock import now_ms
+from contract.identity import ACTIVE, IdentityError, Registry, Signer, anchors_for
+from contract.jsonwire import to_json
+from contract.kafkaauth import kafka_client_options
+from contract.models import IdentityRegistered
+from contract.partitioning import partition_for
+from contract.registryfeed import RegistryFeed
+from contract.roles import ROLE_AGENT
+from contract.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Refusal(Exception):
+    """A call the door refuses: an HTTP status, a stable reason code, what happened and what to do."""
+
+    def __init__(self, status: int, reason: str, detail: str, what_to_do: str = "",
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.reason = reason
+        self.detail = detail
+        self.what_to_do = what_to_do
+        self.headers = headers or {}
+
+    def body(self) -> dict[str, Any]:
+        """The JSON diagnostic."""
+        out: dict[str, Any] = {"reason": self.reason, "detail": self.detail}
+        if self.what_to_do:
+            out["what_to_do"] = self.what_to_do
+        return out
+
+
+def _unauthenticated(detail: str) -> Refusal:
+    return Refusal(401, "unauthenticated", detail,
+                   "Send 'Authorization: Bearer <API key>' with the key from 'arbiter agents add NAME "
+                   "--print-api-key' (or 'arbiter agents api-key NAME').",
+                   headers={"WWW-Authenticate": 'Bearer realm="arbiter"'})
+
+
+class Bucket:
+    """A token bucket: ``rate`` commands per second, ``burst`` at once."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, float(burst)
+        self.tokens = float(burst)
+        self.at = time.monotonic()
+
+    def take(self) -> float:
+        """0.0 if a command may go now; else the seconds until one may."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1.0:
+            self.tokens -= 1.0
+            return 0.0
+        return (1.0 - self.tokens) / self.rate
+
+
+class Session:
+    """One WebSocket session: the events still to write, at most ``limit`` of them."""
+
+    def __init__(self, agent: str, limit: int, since: int) -> None:
+        self.agent = agent
+        self.id = uuid.uuid4().hex[:12]
+        self.queue: asyncio.Queue[str | None] = asyncio.Queue(maxsize=limit)
+        self.limit = limit
+        self.next_offset = since
+        """The inbox offset of the next event to forward: every earlier one was forwarded (or predates it)."""
+        self.replaying = True
+        self._held: list[tuple[int, str]] = []
+        self.closed_because: str | None = None
+        self.on_close: Callable[[str], None] = lambda reason: None
+
+    def push(self, offset: int, frame: str) -> None:
+        """Queue one live event (never blocks: a full queue closes the session)."""
+        if self.closed_because is not None:
+            return
+        if self.replaying:
+            self._held.append((offset, frame))
+            if len(self._held) > self.limit:
+                self.close(f"slow consumer: over {self.limit} events unread while resuming")
+            return
+        self._forward(offset, frame)
+
+    def _forward(self, offset: int, frame: str) -> None:
+        if offset < self.next_offset:
+            return  # forwarded already (resumed from the log), or from before this session
+        try:
+            self.queue.put_nowait(frame)
+        except asyncio.QueueFull:
+            self.close(f"slow consumer: {self.limit} events unread; resume from offset {self.next_offset}")
+            return
+        self.next_offset = offset + 1
+
+    async def replayed(self, offset: int, frame: str) -> None:
+        """Queue one event read back from the log (waiting for room is fine: it is this session's task)."""
+        if offset >= self.next_offset and self.closed_because is None:
+            await self.queue.put(frame)
+            self.next_offset = offset + 1
+
+    def live(self) -> None:
+        """The log is read up to the live events: forward those held meanwhile, in order."""
+        held, self._held = self._held, []
+        self.replaying = False
+        for offset, frame in sorted(held):
+            self._forward(offset, frame)
+
+    def close(self, reason: str) -> None:
+        """End the session with ``reason`` (the writer sends it and closes)."""
+        if self.closed_because is None:
+            self.closed_because = reason
+            self.on_close(reason)
+
+
+def event_frame(offset: int, record: Record) -> str:
+    """The JSON text a session gets for one inbox record."""
+    return json.dumps({"op": "event", "offset": offset, "record": to_json(record)}, separators=(",", ":"))
+
+
+@dataclass
+class AgentState:
+    """What the door keeps for one connected agent."""
+
+    name: str
+    client: ArbiterClient
+    bucket: Bucket
+    sessions: set[Session] = field(default_factory=set)
+    leases: dict[tuple[str, int], Lease] = field(default_factory=dict)
+    """Leases acquired through this door's HTTP calls, by (resource, token)."""
+    sagas: dict[str, Saga] = field(default_factory=dict)
+    inflight: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+    def on_record(self, record: Record) -> None:
+        """Every inbox record of this agent: forget leases that ended; push to every session."""
+        if isinstance(record, LockExpired | LockRevoked | LockReleased):
+            lease = self.leases.pop((record.resource, record.token), None)
+            if lease is not None:
+                lease.mark_lost("expired" if isinstance(record, LockExpired) else
+                                "released" if isinstance(record, LockReleased) else f"revoked: {record.reason}")
+                self.client.forget(lease)
+        if self.sessions:
+            offset = self.client.transport.offset  # type: ignore[attr-defined]
+            frame = event_frame(offset, record)
+            for session in tuple(self.sessions):
+                session.push(offset, frame)
+
+
+class Door:
+    """One front door's agents and Kafka clients. ``start`` before serving, ``stop`` after."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.id = f"door-{uuid.uuid4().hex[:8]}"
+        self.agents: dict[str, AgentState] = {}
+        self._starting: dict[str, asyncio.Future[AgentState]] = {}
+        self._keys: OrderedDict[bytes, Signer] = OrderedDict()
+        self.registry: Registry | None = None
+        self._feed: RegistryFeed | None = None
+        self._last_catch_up = 0.0
+        self._catching_up = asyncio.Lock()
+        self._reaper: asyncio.Task[None] | None = None
+        self._replays = asyncio.Semaphore(4)
+        self.partitions = 0
+        self.started_at = time.time()
+
+    async def start(self) -> None:
+        """Follow the registry (to check keys) and learn the inbox's partitions."""
+        settings = self.settings
+        if settings.verify_signatures:
+            self.registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
+            self._feed = RegistryFeed(self.registry, settings.topics.registry, settings.bootstrap,
+                                      default_codec(settings.max_message_bytes), **kafka_client_options(settings))
+            await self._feed.start()
+        else:
+            log.warning("signature verification is off (development only): the door trusts every well-formed "
+                        "API key's name")
+        consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
+                                    **kafka_client_options(settings))
+        await consumer.start()
+        try:
+            # Metadata for this one topic (not the whole cluster's, large on a busy broker).
+            await consumer._client.add_topic(settings.topics.agent_inbox)
+            await consumer._client.force_metadata_update()
+            self.partitions = len(consumer._client.cluster.partitions_for_topic(settings.topics.agent_inbox) or ())
+        finally:
+            await consumer.stop()
+        if not self.partitions:
+            raise RuntimeError(f"the inbox topic {settings.topics.agent_inbox} does not exist; "
+                               "run 'arbiter topics create'")
+        self._reaper = asyncio.create_task(self._reap(), name="arbiter-door-reaper")
+
+    async def stop(self) -> None:
+        """Close every session and client."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            await asyncio.gather(self._reaper, return_exceptions=True)
+        for state in list(self.agents.values()):
+            for session in tuple(state.sessions):
+                session.close("the front door is shutting down; reconnect (to another door) and resume")
+        await asyncio.gather(*(self._drop(name) for name in list(self.agents)), return_exceptions=True)
+        if self._feed is not None:
+            await self._feed.stop()
+
+    # -- authentication -----------------------------------------------------------------
+
+    async def authenticate(self, authorization: str | None) -> tuple[Signer, IdentityRegistered]:
+        """The agent an ``Authorization: Bearer`` header names, with its registry entry; else ``Refusal``."""
+        if not authorization:
+            raise _unauthenticated("no API key: the request has no Authorization header")
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise _unauthenticated("the Authorization header is not 'Bearer <API key>'")
+        return await self.identify(token.strip())
+
+    async def identify(self, api_key: str) -> tuple[Signer, IdentityRegistered]:
+        """The agent ``api_key`` belongs to, if the registry says it is an active agent key."""
+        digest = hashlib.sha256(api_key.encode()).digest()
+        signer = self._keys.get(digest)
+        if signer is None:
+            try:
+                signer = Signer.from_api_key(api_key)
+            except IdentityError as exc:
+                raise _unauthenticated(str(exc)) from None
+            self._keys[digest] = signer
+            if len(self._keys) > 100_000:
+                self._keys.popitem(last=False)
+        else:
+            self._keys.move_to_end(digest)
+        if self.registry is None:  # development without verification
+            return signer, IdentityRegistered(key_id=signer.key_id, name=signer.name, role=ROLE_AGENT,
+                                              public_key=signer.public_raw, status=ACTIVE, valid_from_ms=0, at_ms=0)
+        entry = self.registry.entries.get(signer.key_id)
+        if entry is None:
+            entry = await self._look_again(signer.key_id)
+        if entry is None:
+            raise _unauthenticated(f"the key {signer.key_id[:16]} is not in the registry: add the agent with "
+                                   f"'arbiter agents add {signer.name}'")
+        if entry.name != signer.name:
+            raise _unauthenticated(f"the key is registered to {entry.name!r}, not {signer.name!r}")
+        if entry.status != ACTIVE and (entry.ended_at_ms is None or now_ms() >= entry.ended_at_ms):
+            raise _unauthenticated(f"the key {signer.key_id[:16]} of {entry.name!r} was {entry.status}")
+        if entry.role != ROLE_AGENT:
+            raise Refusal(403, "forbidden", f"{entry.name!r} is a {entry.role}; the front door serves agents only",
+                          "Register an agent for this work ('arbiter agents add NAME').")
+        return signer, entry
+
+    async def _look_again(self, key_id: str) -> IdentityRegistered | None:
+        """A key registered a moment ago: read the registry's latest, at most once a second."""
+        assert self.registry is not None and self._feed is not None
+        async with self._catching_up:
+            if key_id not in self.registry.entries and time.monotonic() - self._last_catch_up > 1.0:
+                self._last_catch_up = time.monotonic()
+                await self._feed.catch_up(timeout=5.0)
+        return self.registry.entries.get(key_id)
+
+    # -- agents -------------------------------------------------------------------------
+
+    async def agent(self, signer: Signer) -> AgentState:
+        """The state of the agent ``signer`` is (its client connected on first use)."""
+        state = self.agents.get(signer.name)
+        if state is not None:
+            if state.client.transport._signer.key_id != signer.key_id:  # type: ignore[attr-defined]
+                # The agent's key was rotated: sign with the key it presents now.
+                state.client.transport._signer = signer  # type: ignore[attr-defined]
+            state.last_used = time.monotonic()
+            return state
+        starting = self._starting.get(signer.name)
+        if starting is None:
+            starting = self._starting[signer.name] = asyncio.ensure_future(self._connect(signer))
+            starting.add_done_callback(lambda _: self._starting.pop(signer.name, None))
+        return await asyncio.shield(starting)
+
+    async def _connect(self, signer: Signer) -> AgentState:
+        client = ArbiterClient(signer.name, self.settings, signer=signer)
+        await client.start()
+        state = AgentState(signer.name, client, Bucket(self.settings.door_rate, self.settings.door_burst))
+        client.subscribe(state.on_record)
+        self.agents[signer.name] = state
+        return state
+
+    async def _drop(self, name: str) -> None:
+        state = self.agents.pop(name, None)
+        if state is not None:
+            for lease in state.leases.values():
+                state.client.forget(lease)
+            await state.client.close()
+
+    async def _reap(self) -> None:
+        idle = self.settings.door_idle_seconds
+        while True:
+            await asyncio.sleep(min(5.0, idle / 2))
+            now = time.monotonic()
+            for name, state in list(self.agents.items()):
+                if not state.sessions and state.inflight == 0 and not state.sagas and now - state.last_used > idle:
+                    await self._drop(name)
+
+    def admit(self, state: AgentState) -> None:
+        """Charge one command to the agent's rate limit; ``Refusal`` (429) when it is spent."""
+        wait = state.bucket.take()
+        if wait > 0:
+            raise Refusal(429, "rate_limited",
+                          f"{state.name!r} sent more than {self.settings.door_rate:g} commands/s "
+                          f"(burst {self.settings.door_burst})",
+                          f"Retry after {wait:.3f} s.", headers={"Retry-After": str(max(1, round(wait + 0.5)))})
+
+    @contextlib.asynccontextmanager
+    async def call(self, signer: Signer, charge: bool = True) -> Any:
+        """``async with door.call(signer) as state``: one rate-limited HTTP call of an authenticated agent."""
+        state = await self.agent(signer)
+        if state.inflight >= self.settings.door_max_inflight_per_agent:
+            raise Refusal(429, "too_many_calls", f"{state.name!r} has {state.inflight} calls in progress here",
+                          "Wait for some to finish (a waiting acquire counts), or use a WebSocket session.",
+                          headers={"Retry-After": "1"})
+        if charge:
+            self.admit(state)
+        state.inflight += 1
+        try:
+            yield state
+        finally:
+            state.inflight -= 1
+            state.last_used = time.monotonic()
+
+    # -- sessions -----------------------------------------------------------------------
+
+    def open_session(self, state: AgentState, since: int) -> Session:
+        """A new session for ``state``'s agent, forwarding events from inbox offset ``since`` on."""
+        if len(state.sessions) >= self.settings.door_max_sessions_per_agent:
+            raise Refusal(429, "too_many_sessions",
+                          f"{state.name!r} already has {len(state.sessions)} sessions on this door",
+                          "Close one, or share one session between the agent's tasks.")
+        session = Session(state.name, self.settings.door_session_buffer, since)
+        state.sessions.add(session)
+        return session
+
+    def close_session(self, state: AgentState, session: Session) -> None:
+        """Forget ``session``."""
+        state.sessions.discard(session)
+        state.last_used = time.monotonic()
+
+    def inbox_partition(self, agent: str) -> TopicPartition:
+        """Where ``agent``'s inbox records are."""
+        return TopicPartition(self.settings.topics.agent_inbox, partition_for(agent.encode(), self.partitions))
+
+    async def end_offset(self, agent: str) -> int:
+        """The offset the next inbox record of ``agent``'s partition will get."""
+        hub = self.agents[agent].client.transport.hub  # type: ignore[attr-defined]
+        tp = self.inbox_partition(agent)
+        return int((await hub.consumer.end_offsets([tp]))[tp])
+
+    async def replay(self, state: AgentState, session: Session, since: int, until: int) -> None:
+        """Forward ``state``'s agent's inbox records in [since, until) from the log, then the live ones."""
+        if since < until:
+            async with self._replays:
+                await self._replay(state, session, since, until)
+        session.live()
+
+    async def _replay(self, state: AgentState, session: Session, since: int, until: int) -> None:
+        tp = self.inbox_partition(state.name)
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap, group_id=None,
+                                    enable_auto_commit=False, isolation_level="read_committed",
+                                    **kafka_client_options(self.settings))
+        await consumer.start()
+        key = state.name.encode()
+        transport = state.client.transport
+        try:
+            consumer.assign([tp])
+            start = max(since, (await consumer.beginning_offsets([tp]))[tp])
+            consumer.seek(tp, start)
+            position = start
+            while position < until and session.closed_because is None:
+                batches = await consumer.getmany(tp, timeout_ms=1000, max_records=500)
+                for message in batches.get(tp, []):
+                    position = message.offset + 1
+                    if message.offset >= until:
+                        break
+                    if message.key != key:
+                        continue
+                    record = await transport.check(message)  # type: ignore[attr-defined]
+                    if record is not None:
+                        await session.replayed(message.offset, event_frame(message.offset, record))
+                if not batches:
+                    position = max(position, await consumer.position(tp))
+        finally:
+            await consumer.stop()

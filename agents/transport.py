@@ -73,6 +73,8 @@ class KafkaTransport:
         self._feed: RegistryFeed | None = None
         self.forged = 0
         """Inbox records for this agent that no worker signed (dropped, never acted on)."""
+        self.on_forged: Callable[[int, str], None] | None = None
+        """Told (inbox offset, why) of each forged record dropped: the front door tells the agent."""
         self.offset = -1
         """The inbox offset of the record being handed to ``on_record`` (of the last one, after)."""
 
@@ -141,6 +143,8 @@ class KafkaTransport:
         if isinstance(verdict, Refused) or verdict.role != ROLE_WORKER:
             self.forged += 1
             why = verdict.detail if isinstance(verdict, Refused) else f"signed by {verdict.role} {verdict.name!r}"
+            if self.on_forged is not None:
+                self.on_forged(message.offset, why)
             log.warning("dropped a forged inbox message for %s at %s[%d]@%d: %s", self.agent_id, message.topic,
                         message.partition, message.offset, why)
             return False

@@ -33,13 +33,18 @@ EXPECTED = [
 
 
 @pytest.mark.kafka
-def test_the_demo_refuses_every_attack_of_its_rogue_agent(bootstrap: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("via_http", [False, True], ids=["kafka", "front-door"])
+def test_the_demo_refuses_every_attack_of_its_rogue_agent(bootstrap: str, tmp_path: Path, via_http: bool) -> None:
     from .conftest import isolated_settings
 
     # As the README runs it: no agent is enrolled on first use; the demo issues every key itself.
     env = settings_env(isolated_settings(bootstrap, tmp_path, auto_enroll=False))
-    proc = arbiter("demo", "--workers", "1", "--speed", "100", "--seed", "5", env=env, timeout=300)
+    proc = arbiter("demo", "--workers", "1", "--speed", "100", "--seed", "5", *(["--via-http"] if via_http else []),
+                   env=env, timeout=300)
     out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert ("the swarm's agents go through it" in out) == via_http, out
+    assert "audit of the run's log" in out and "PASS, no safety rule broken" in out, out
     assert "rogue agent mallory (allowed account:mallory), joined mid-run: 11 attempts, 11 refused" in out, \
         out + proc.stderr
     assert "SECURITY" not in out and "NOT REFUSED" not in out and "UNEXPECTED" not in out, out

@@ -38,7 +38,7 @@ import click
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from arbiter.localkafka import LocalKafka, LocalKafkaError, broker_answers
-from arbiter.processes import WorkerPool
+from arbiter.processes import DoorProcess, WorkerPool
 from contract import (
     Compensated,
     ContractError,
@@ -58,6 +58,7 @@ from contract import (
     WaitEdgeAdded,
     default_codec,
 )
+from contract.identity import Signer
 from contract.kafkaauth import kafka_client_options
 from contract.partitioning import key_for_partition
 from contract.settings import Settings, Topics
@@ -252,7 +253,8 @@ async def _enroll_all(settings: Settings, agents: dict[str, list[str]]) -> dict[
     return {name: await _enroll(settings, name, allow) for name, allow in agents.items()}
 
 
-async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: LiveState, screen: Screen) -> Any:
+async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: LiveState, screen: Screen,
+                      door_url: str | None = None) -> Any:
     from agents import ArbiterClient
     from arbiter.demo.rogue import Mallory, RogueReport
     from arbiter.demo.swarm import RING, SafeWorkspace, Tally, run_swarm
@@ -279,8 +281,16 @@ async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: Liv
         loop = asyncio.get_running_loop()
         opened: dict[str, asyncio.Future[ArbiterClient]] = {name: loop.create_future() for name in agents}
 
+        def connect(agent_id: str) -> ArbiterClient:
+            agent = enrolled[agent_id]
+            if door_url is None:
+                return ArbiterClient(agent_id, agent)
+            # Through the front door: the agent's API key carries the same key it would sign with.
+            key = Signer.from_text(agent_id, agent.identity_key).api_key()
+            return ArbiterClient(agent_id, agent, url=door_url, api_key=key)
+
         async def workspace(agent_id: str) -> SafeWorkspace:
-            client = await stack.enter_async_context(ArbiterClient(agent_id, enrolled[agent_id]))
+            client = await stack.enter_async_context(connect(agent_id))
             opened[agent_id].set_result(client)
             return SafeWorkspace(client, ledger)
 
@@ -429,8 +439,11 @@ def _audit_run(settings: Settings, complete: bool, html: Path) -> dict[str, Any]
               "side by side with the safe run.")
 @click.option("--ledger-dsn", envvar="ARBITER_LEDGER_DSN", help="Ledger database (postgresql://... or an SQLite "
               "path). Default: a new embedded SQLite file for this run.")
+@click.option("--via-http", is_flag=True, help="Run the swarm's agents through a front door (arbiter serve, "
+              "started for the run) instead of straight to Kafka.")
 @click.pass_context
-def demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool, ledger_dsn: str | None) -> None:
+def demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool, ledger_dsn: str | None,
+         via_http: bool) -> None:
     """A swarm of simulated LLM agents on shared state, kept safe by Arbiter. Starts and stops what it needs."""
     def stop(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -439,7 +452,7 @@ def demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, stop)
     try:
-        _demo(ctx, workers, speed, seed, unsafe, ledger_dsn)
+        _demo(ctx, workers, speed, seed, unsafe, ledger_dsn, via_http)
     except KeyboardInterrupt:
         # Outside the swarm (start-up, the unsafe run, the audit): what was started is
         # already stopped on the way out here.
@@ -447,7 +460,8 @@ def demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool
         sys.exit(130)
 
 
-def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool, ledger_dsn: str | None) -> None:
+def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool, ledger_dsn: str | None,
+          via_http: bool = False) -> None:
     from arbiter.console import fail, settings_of
     from arbiter.demo.swarm import Plan
 
@@ -497,10 +511,24 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
         click.echo(f"started {workers} worker(s); the swarm: {plan.triage_agents} triage agents on "
                    f"{plan.customers} customers, {plan.slow_agents} slow agents and their backups, a delegation "
                    f"ring of 4, {plan.drafters} drafters on one document (seed {seed}, speed x{speed:g})")
+        door_url: str | None = None
+        if via_http:
+            door = DoorProcess(settings, log_dir=folder)
+
+            def stop_door() -> None:
+                door.stop()
+                click.echo("front door stopped")
+
+            stack.callback(stop_door)
+            try:
+                door_url = door.start().url
+            except RuntimeError as exc:
+                fail(f"the front door did not start: {exc}")
+            click.echo(f"front door on {door_url}: the swarm's agents go through it (log {door.log})")
         live, screen = LiveState(), Screen()
         interrupted = False
         try:
-            tally, ledger, rogue = asyncio.run(_safe_swarm(settings, plan, pool, live, screen))
+            tally, ledger, rogue = asyncio.run(_safe_swarm(settings, plan, pool, live, screen, door_url))
         except KeyboardInterrupt:
             interrupted = True
             click.echo("\ninterrupted: stopping the swarm; auditing the partial log")

@@ -4,6 +4,7 @@ The public surface is re-exported here and pinned by ``tests/test_sdk_exports.py
 """
 
 from .client import ArbiterClient, ArbiterTimeout, PingResult
+from .httptransport import ArbiterUnavailable, DoorRefused
 from .leases import ArbiterError, Lease, LeaseDenied, LeaseLost
 from .outcomes import Outcome, Snapshot
 from .sagas import Saga, SagaAborted, SagaStepRejected
@@ -12,6 +13,8 @@ __all__ = [
     "ArbiterClient",
     "ArbiterError",
     "ArbiterTimeout",
+    "ArbiterUnavailable",
+    "DoorRefused",
     "Lease",
     "LeaseDenied",
     "LeaseLost",

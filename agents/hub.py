@@ -131,8 +131,11 @@ class InboxHub:
                 self.feed = RegistryFeed(registry, settings.topics.registry, settings.bootstrap,
                                          default_codec(settings.max_message_bytes), **kafka)
                 await self.feed.start()
+            # A front door sends for a thousand agents through this one producer: a batch as large
+            # as a request (not aiokafka's 16 KiB) keeps a burst from queueing sends behind full batches.
             self.producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all", linger_ms=0,
-                                             max_request_size=2 * settings.max_message_bytes, **kafka)
+                                             max_request_size=2 * settings.max_message_bytes,
+                                             max_batch_size=2 * settings.max_message_bytes, **kafka)
             await self.producer.start()
             self._partitions = len(await self.producer.partitions_for(settings.topics.agent_inbox))
             self.consumer = AIOKafkaConsumer(

@@ -50,7 +50,31 @@ def isolated_settings(bootstrap: str, tmp_home: Path, **overrides: object) -> Se
         "auto_enroll": True,
     }
     values.update(overrides)
-    return Settings(**values)  # type: ignore[arg-type]
+    settings = Settings(**values)  # type: ignore[arg-type]
+    _THROWAWAY.append(settings)
+    return settings
+
+
+_THROWAWAY: list[Settings] = []
+"""Every test's settings: their topics are deleted when the session ends."""
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Delete the topics the tests created, so a local broker does not pile up thousands of them
+    (it slows down, then runs out of heap). Nothing to do when no broker answers."""
+    from runtime.topics import delete_topics_named
+
+    by_bootstrap: dict[str, list[Settings]] = {}
+    for settings in _THROWAWAY:
+        by_bootstrap.setdefault(settings.bootstrap, []).append(settings)
+    for bootstrap, runs in by_bootstrap.items():
+        if not broker_answers(bootstrap):
+            continue
+        prefixes = tuple(p for s in runs for p in (f"{s.topics.resource_commands.split('.')[0]}.", f"{s.app_id}-"))
+        try:
+            asyncio.run(delete_topics_named(runs[0], prefixes))
+        except Exception as exc:  # cleanup only: never fail a run over it
+            print(f"\ncould not delete the tests' topics on {bootstrap}: {exc}")
 
 
 def postgres_dsn() -> str:

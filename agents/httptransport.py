@@ -106,7 +106,7 @@ class HttpTransport:
         self._connected = asyncio.Event()
         self._closing = False
         self.forged = 0
-        """Always 0 here: the door verifies the workers' signatures before it forwards an event."""
+        """Inbox records for this agent that no worker signed: the door verifies, drops them and says so."""
         self.door: str | None = None
         """The id of the front door this session is with."""
         self.reconnects = 0
@@ -139,15 +139,30 @@ class HttpTransport:
             try:
                 ws = await connect(url, additional_headers={"Authorization": f"Bearer {self.api_key}"},
                                    max_size=self._max, open_timeout=10, compression=None)
+                try:
+                    hello = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                except BaseException:
+                    await ws.close()
+                    raise
+                if not isinstance(hello, dict):
+                    raise ValueError(f"the door's first frame is not a JSON object: {hello!r}")
             except InvalidStatus as exc:
                 refused = _refusal(exc)
                 if refused.status in (401, 403, 422):
                     raise refused from None
                 last = refused
-            except (OSError, WebSocketException, TimeoutError) as exc:
+            except (OSError, WebSocketException, TimeoutError, ValueError) as exc:
                 last = exc
             else:
-                hello = json.loads(await ws.recv())
+                if hello.get("op") == "error":  # refused after the upgrade: the door's own diagnostic
+                    await ws.close()
+                    refused = DoorRefused(int(hello.get("status") or 401), str(hello.get("reason")),
+                                          str(hello.get("detail")))
+                    if refused.status in (401, 403, 422):
+                        raise refused
+                    last = refused
+                    self._turn += 1
+                    continue
                 if hello.get("op") != "hello" or hello.get("agent") != self.agent_id:
                     await ws.close()
                     raise DoorRefused(401, "unauthenticated", f"the API key is {hello.get('agent')!r}'s, "
@@ -168,7 +183,10 @@ class HttpTransport:
             assert ws is not None
             try:
                 async for frame in ws:
-                    self._handle(json.loads(frame))
+                    try:
+                        self._handle(json.loads(frame))
+                    except Exception:  # one bad frame or listener must not end the session (as in agents.hub)
+                        log.exception("front-door frame for %s failed", self.agent_id)
                     delay = 0.05
                 reason = f"closed ({ws.close_code}: {ws.close_reason})"
             except ConnectionClosed as exc:
@@ -211,6 +229,12 @@ class HttpTransport:
                 else:
                     future.set_exception(DoorRefused(int(frame.get("status", 400)), str(frame.get("reason")),
                                                      str(frame.get("detail"))))
+        elif op == "forged":
+            self.forged += 1  # the door dropped an inbox record for this agent that no worker signed
+            if isinstance(frame.get("offset"), int):
+                self._next_offset = frame["offset"] + 1  # a resumed session starts after it, as after an event
+            log.warning("front door %s dropped a forged inbox message for %s: %s", self.door, self.agent_id,
+                        frame.get("detail"))
         elif op == "bye":
             log.warning("front door %s ended %s's session: %s", self.door, self.agent_id, frame.get("reason"))
 
@@ -239,6 +263,8 @@ class HttpTransport:
             await ws.send(json.dumps({"op": "send", "id": frame_id, "key": key, "record": to_json(record)}))
         except ConnectionClosed as exc:
             self._pending.pop(frame_id, None)
+            if future.done():
+                future.exception()  # the reader failed it already: retrieved, so asyncio does not warn
             raise ArbiterUnavailable(f"the session with front door {self.door} broke: {exc}") from None
         await future
 

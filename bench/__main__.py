@@ -6,6 +6,8 @@ trust-crypto (signing and verifying, no broker), trust-latency (grants with veri
 versus off); sdk-scale (1, 8, 64 agents in one process). Default: all.
 ``python -m bench compare [--reps N] [--quick]``: Arbiter side by side with etcd, ZooKeeper and
 Redis (``bench.compare``; ``./dev bench compare`` installs them), run only when named.
+``python -m bench door [--sizes 10,64,100,1000] [--seconds N] [--via ws,rest,sdk]``: N agents
+through one front door (``arbiter serve``) beside the direct-Kafka SDK (``bench.door``), run only when named.
 The Kafka benchmarks need a broker (``./dev bench`` starts the local one) and start
 their own worker processes on topics of their own.
 """
@@ -71,6 +73,10 @@ def main() -> None:
     if sys.argv[1:2] == ["compare"]:  # side by side with etcd, ZooKeeper, Redis: its own options
         from . import compare
         compare.main(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["door"]:  # N agents through one front door: its own options
+        from . import door
+        door.main(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -32,6 +32,13 @@ def key_for_partition(partition: int, partitions: int, prefix: str = "bench:") -
 @asynccontextmanager
 async def bench_arbiter(workers: int = 1, **overrides: Any) -> AsyncIterator[Settings]:
     """Topics created, ``workers`` workers started and serving every partition."""
+    async with bench_workers(workers, **overrides) as (settings, _):
+        yield settings
+
+
+@asynccontextmanager
+async def bench_workers(workers: int = 1, **overrides: Any) -> AsyncIterator[tuple[Settings, WorkerPool]]:
+    """``bench_arbiter``, with the worker processes (to read their CPU time)."""
     run = f"bench{time.time_ns() // 1_000_000}"
     base = load_settings()
     with tempfile.TemporaryDirectory() as home:
@@ -48,7 +55,7 @@ async def bench_arbiter(workers: int = 1, **overrides: Any) -> AsyncIterator[Set
             keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
             async with ArbiterClient("bench-warmup", settings) as client:
                 await wait_until_served(client, pool, keys)
-            yield settings
+            yield settings, pool
             pool.check_alive()
         finally:
             pool.stop()

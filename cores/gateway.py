@@ -66,6 +66,9 @@ class GatewayRules:
     """Per resource. Past it the oldest outcomes are forgotten early, and the window shrinks with them."""
     require_exclusive: bool = True
     """Pessimistic writes need an exclusive lease; a shared lease is for reading."""
+    hide_tokens: bool = False
+    """A refusal names another agent's lease without its token (with signatures on). Rules
+    recorded before this existed mean False."""
 
     _cache: dict[str, Policy | None] = field(default_factory=dict, compare=False, repr=False)
 
@@ -171,8 +174,9 @@ class ToolOutcome:
 
 
 def reject(content: ContentState, book: LeaseBook, intent: ToolIntent, reason: Reason, now_ms: int, cause: Cause,
-           **extra: Any) -> ToolRejected:
-    """A refusal of ``intent`` with ``reason`` and a diagnostic an LLM can act on."""
+           *, hide_tokens: bool = False, **extra: Any) -> ToolRejected:
+    """A refusal of ``intent`` with ``reason`` and a diagnostic an LLM can act on (with
+    ``hide_tokens``, another agent's lease is named without its token)."""
     holder = next(iter(book.holders.values()), None)
     diagnostic = {
         "reason": reason,
@@ -181,8 +185,9 @@ def reject(content: ContentState, book: LeaseBook, intent: ToolIntent, reason: R
                      "token": intent.token, "base_version": intent.base_version, "base_hash": intent.base_hash},
         "current": {
             "high_water_token": book.last_token,
-            "holder": None if holder is None else {"agent_id": holder.agent_id, "token": holder.token,
-                                                   "mode": holder.mode, "expires_at_ms": holder.expires_at_ms},
+            "holder": None if holder is None else {
+                "agent_id": holder.agent_id, "mode": holder.mode, "expires_at_ms": holder.expires_at_ms,
+                **({} if hide_tokens and holder.agent_id != intent.agent_id else {"token": holder.token})},
             "version": content.version,
             "content_hash": content.content_hash,
         },
@@ -239,53 +244,55 @@ def check(
     rules: GatewayRules, known_tools: frozenset[str] | None = None,
 ) -> Accepted | GatewayEvent:
     """Accept ``intent`` or refuse it with a reason. Changes nothing."""
+    hide = rules.hide_tokens
     recorded = content.outcomes.get(intent.intent_id)
     if recorded is not None:
         return recorded
     if not (intent.resource and intent.agent_id and intent.intent_id and intent.tool):
-        return reject(content, book, intent, Reason.INVALID_INTENT, now_ms, cause)
+        return reject(content, book, intent, Reason.INVALID_INTENT, now_ms, cause, hide_tokens=hide)
     expired = _id_problem(content, intent, max(now_ms, content.clock_ms), rules)
     if expired is not None:
-        return reject(content, book, intent, expired[0], now_ms, cause, **expired[1])
+        return reject(content, book, intent, expired[0], now_ms, cause, hide_tokens=hide, **expired[1])
     text = intent.arguments_json
     # A character is at most 4 UTF-8 bytes: encode only when the length alone cannot tell.
     if len(text) * 4 > rules.max_arguments_bytes and len(text.encode()) > rules.max_arguments_bytes:
-        return reject(content, book, intent, Reason.ARGUMENTS_TOO_LARGE, now_ms, cause,
+        return reject(content, book, intent, Reason.ARGUMENTS_TOO_LARGE, now_ms, cause, hide_tokens=hide,
                        limit_bytes=rules.max_arguments_bytes)
     # Only the shape here: the tool's schema parses the arguments fully before it runs.
     if not (text[:1] == "{" and text[-1:] == "}") and not (text.strip()[:1] == "{" and text.strip()[-1:] == "}"):
-        return reject(content, book, intent, Reason.INVALID_ARGUMENTS, now_ms, cause)
+        return reject(content, book, intent, Reason.INVALID_ARGUMENTS, now_ms, cause, hide_tokens=hide)
     if known_tools is not None and intent.tool not in known_tools:
-        return reject(content, book, intent, Reason.UNKNOWN_TOOL, now_ms, cause, known_tools=sorted(known_tools))
+        return reject(content, book, intent, Reason.UNKNOWN_TOOL, now_ms, cause, hide_tokens=hide,
+                      known_tools=sorted(known_tools))
     policy = rules.policy_for(intent.resource)
     if policy is None:
-        return reject(content, book, intent, Reason.NO_POLICY, now_ms, cause)
+        return reject(content, book, intent, Reason.NO_POLICY, now_ms, cause, hide_tokens=hide)
     fenced = policy in ("pessimistic", "both")
     optimistic = policy in ("optimistic", "both")
     if fenced and intent.token is None:
-        return reject(content, book, intent, Reason.TOKEN_REQUIRED, now_ms, cause)
+        return reject(content, book, intent, Reason.TOKEN_REQUIRED, now_ms, cause, hide_tokens=hide)
     if optimistic and intent.base_version is None and intent.base_hash is None:
-        return reject(content, book, intent, Reason.BASE_VERSION_REQUIRED, now_ms, cause)
+        return reject(content, book, intent, Reason.BASE_VERSION_REQUIRED, now_ms, cause, hide_tokens=hide)
     if intent.token is not None:
         problem = _fencing_problem(book, intent, now_ms, rules)
         if problem:
-            return reject(content, book, intent, problem, now_ms, cause)
+            return reject(content, book, intent, problem, now_ms, cause, hide_tokens=hide)
     base = intent.base_version
     if intent.base_hash is not None:
         hashed = _version_of_hash(content, intent.base_hash)
         if base is not None and hashed != base and (hashed is not None or not changes_since(content, base)[1]):
             # Both sent and they name different versions: the agent's view is confused, not stale.
-            return reject(content, book, intent, Reason.INVALID_INTENT, now_ms, cause,
+            return reject(content, book, intent, Reason.INVALID_INTENT, now_ms, cause, hide_tokens=hide,
                           problem=f"base_hash is {'unknown' if hashed is None else f'version {hashed}'}, "
                                   f"base_version is {base}: send one, or both of the same version")
         if base is None and hashed is None:
-            return reject(content, book, intent, Reason.VERSION_CONFLICT, now_ms, cause, changes_since_base=[],
-                          base_too_old=True)
+            return reject(content, book, intent, Reason.VERSION_CONFLICT, now_ms, cause, hide_tokens=hide,
+                          changes_since_base=[], base_too_old=True)
         base = hashed if base is None else base
     if base is not None and base != content.version:
         changes, too_old = changes_since(content, base)
-        return reject(content, book, intent, Reason.VERSION_CONFLICT, now_ms, cause, changes_since_base=changes,
-                       base_too_old=too_old or base > content.version)
+        return reject(content, book, intent, Reason.VERSION_CONFLICT, now_ms, cause, hide_tokens=hide,
+                      changes_since_base=changes, base_too_old=too_old or base > content.version)
     return Accepted(intent)
 
 
@@ -308,7 +315,8 @@ def next_hash(previous: str, intent: ToolIntent) -> str:
 
 
 def complete(
-    book: LeaseBook, content: ContentState, intent: ToolIntent, outcome: ToolOutcome, now_ms: int, cause: Cause
+    book: LeaseBook, content: ContentState, intent: ToolIntent, outcome: ToolOutcome, now_ms: int, cause: Cause,
+    hide_tokens: bool = False,
 ) -> GatewayEvent:
     """The event that records an accepted intent's tool run."""
     if outcome.ok:
@@ -317,7 +325,8 @@ def complete(
                            version=content.version + 1,
                            content_hash=next_hash(content.content_hash, intent), result_json=outcome.result_json,
                            request_sent_at_ms=intent.sent_at_ms, decided_at_ms=now_ms, cause=cause)
-    return reject(content, book, intent, Reason.TOOL_FAILED, now_ms, cause, error=outcome.error[:2000])
+    return reject(content, book, intent, Reason.TOOL_FAILED, now_ms, cause, hide_tokens=hide_tokens,
+                  error=outcome.error[:2000])
 
 
 def evolve(content: ContentState, event: GatewayEvent, rules: GatewayRules | None = None) -> ContentState:

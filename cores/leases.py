@@ -143,6 +143,9 @@ class LeaseRules:
     """How far ahead of the broker a sender's clock may be (``clock_skew`` beyond)."""
     max_remembered_ids: int = 256
     """Per resource. Past it the oldest ids are forgotten early, and the window shrinks with them."""
+    hide_tokens: bool = False
+    """A refusal names the holders without their tokens, except the refused agent's own (with
+    signatures on, as snapshots do). Rules recorded before this existed mean False."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -424,8 +427,10 @@ DEFAULT_RULES = LeaseRules()
 class _Decision:
     """Collects the events of one decision, folding each into ``view`` as it goes."""
 
-    def __init__(self, view: LeaseBook, now_ms: int, cause: Cause, version: int, sent_ms: int | None) -> None:
+    def __init__(self, view: LeaseBook, now_ms: int, cause: Cause, version: int, sent_ms: int | None,
+                 hide_tokens: bool = False) -> None:
         self.view = view
+        self.hide_tokens = hide_tokens
         self.now = now_ms
         self.cause = cause
         self.sent = sent_ms
@@ -576,8 +581,9 @@ class _Decision:
             **detail,
             "current": {
                 "high_water_token": self.view.last_token,
-                "holders": [{"agent_id": h.agent_id, "token": h.token, "mode": h.mode,
-                             "expires_at_ms": h.expires_at_ms} for h in self.view.holders.values()],
+                "holders": [{"agent_id": h.agent_id, "mode": h.mode, "expires_at_ms": h.expires_at_ms,
+                             **({} if self.hide_tokens and h.agent_id != agent_id else {"token": h.token})}
+                            for h in self.view.holders.values()],
                 "waiting": len(self.view.queue),
             },
             "what_to_do": what_to_do(reason),
@@ -749,14 +755,14 @@ _HANDLERS: dict[type, Callable[[_Decision, Any, LeaseRules], None]] = {
 def _run(view: LeaseBook, command: LockCommand, now_ms: int, cause: Cause, rules: LeaseRules,
          version: int) -> list[LockEvent]:
     if isinstance(command, LockTick):
-        d = _Decision(view, max(now_ms, view.clock_ms), cause, version, None)
+        d = _Decision(view, max(now_ms, view.clock_ms), cause, version, None, rules.hide_tokens)
         if view.holders or view.queue:
             d.advance_time()
         return d.events
     prior = view.seen.get(command.request_id)
     if prior is not None and prior[1] in ("", command.agent_id):
         return []  # decided before: a request id has one decision, ever
-    d = _Decision(view, max(now_ms, view.clock_ms), cause, version, command.sent_at_ms)
+    d = _Decision(view, max(now_ms, view.clock_ms), cause, version, command.sent_at_ms, rules.hide_tokens)
     if view.holders or view.queue:
         d.advance_time()
     if prior is not None:

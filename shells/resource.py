@@ -148,11 +148,11 @@ class ResourceShell:
             arguments = self.tools.parse(intent)
             if isinstance(arguments, str):
                 event = gateway.reject(content, book, intent, Reason.INVALID_ARGUMENTS, now_ms, cause,
-                                       problem=arguments)
+                                       hide_tokens=self.gate_rules.hide_tokens, problem=arguments)
             else:
                 outcome = await self.tools.run(intent, arguments)
                 self.after_tool(intent)
-                event = gateway.complete(book, content, intent, outcome, now_ms, cause)
+                event = gateway.complete(book, content, intent, outcome, now_ms, cause, self.gate_rules.hide_tokens)
         else:
             event = verdict
         gateway.evolve(content, event, self.gate_rules)

@@ -35,11 +35,13 @@ class Rules:
         return cls(
             leases=LeaseRules(max_ttl_ms=settings.max_ttl_ms, max_wait_ms=settings.max_wait_ms,
                               lock_order=settings.lock_order, id_window_ms=settings.id_window_ms,
-                              clock_skew_ms=settings.clock_skew_ms, max_remembered_ids=settings.max_remembered_ids),
+                              clock_skew_ms=settings.clock_skew_ms, max_remembered_ids=settings.max_remembered_ids,
+                              hide_tokens=settings.verify_signatures),
             gateway=GatewayRules(policies=Settings.parse_policies(settings.policies),
                                  max_arguments_bytes=settings.max_patch_bytes, id_window_ms=settings.id_window_ms,
                                  clock_skew_ms=settings.clock_skew_ms,
-                                 max_remembered_ids=settings.max_remembered_ids),
+                                 max_remembered_ids=settings.max_remembered_ids,
+                                 hide_tokens=settings.verify_signatures),
             graph_key=settings.graph_key,
             verify_signatures=settings.verify_signatures,
         )

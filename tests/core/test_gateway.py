@@ -289,3 +289,19 @@ def test_a_base_by_hash_and_by_version_are_decided_alike(writes: int, limit: int
         mixed = check(g.leases.book, g.content, g.intent("b", base=base, base_hash=g.content.content_hash), 2,
                       CAUSE, rules)
         assert isinstance(mixed, ToolRejected) and mixed.reason == "invalid_intent"
+
+
+def test_a_refused_write_names_the_holder_without_its_token_when_tokens_are_hidden() -> None:
+    from dataclasses import replace
+
+    for hide in (False, True):
+        gate = Gate(replace(RULES, hide_tokens=hide), resource="account:a")
+        gate.leases.acquire("alice", 1_000, resource="account:a")
+        refused = gate.write(gate.intent("mallory", token=1), 1_001)
+        assert isinstance(refused, ToolRejected)
+        holder = json.loads(refused.diagnostic_json)["current"]["holder"]
+        assert holder["agent_id"] == "alice"
+        assert ("token" in holder) is not hide, holder
+        own = gate.write(gate.intent("alice", token=7), 1_002)  # alice's own refusal shows her token
+        assert isinstance(own, ToolRejected)
+        assert json.loads(own.diagnostic_json)["current"]["holder"]["token"] == 1

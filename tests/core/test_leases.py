@@ -339,3 +339,15 @@ def test_a_grant_handed_on_by_a_tick_reports_the_current_version() -> None:
     events = step(h.book, LockTick(tick_id="t", partition=0, sent_at_ms=0), 2_000,
                   Cause(topic="cmds", partition=0, offset=99), h.rules, version=7)
     assert only(events, LockGranted)[0].resource_version == 7
+
+
+def test_a_refusal_names_other_agents_leases_without_their_tokens_when_tokens_are_hidden() -> None:
+    for hide in (False, True):
+        h = Harness(LeaseRules(hide_tokens=hide))
+        h.acquire("alice", 1_000, mode="shared")
+        h.acquire("carol", 1_001, mode="shared")
+        denied = h.acquire("carol", 1_002, mode="shared")[-1]  # carol already holds it: refused
+        assert isinstance(denied, LockDenied)
+        holders = {x["agent_id"]: x for x in json.loads(denied.detail)["current"]["holders"]}
+        assert ("token" in holders["alice"]) is not hide, holders  # never another agent's token
+        assert holders["carol"]["token"] == 2, holders  # the refused agent sees its own

@@ -81,7 +81,9 @@ def status_of(reason: str) -> int:
 
 
 def _refused(diagnostic: dict[str, Any], reason: str) -> JSONResponse:
-    return JSONResponse({"reason": reason, **diagnostic}, status_code=status_of(reason))
+    body = {"reason": reason, **diagnostic}
+    body.setdefault("what_to_do", what_to_do(reason))  # a worker's denial may carry only a detail
+    return JSONResponse(body, status_code=status_of(reason))
 
 
 # -- request bodies -------------------------------------------------------------------
@@ -178,6 +180,7 @@ class _BodyLimit:
             return
         seen = 0
         too_large = False
+        answered = False
 
         async def limited() -> Message:
             nonlocal seen, too_large
@@ -189,10 +192,21 @@ class _BodyLimit:
                     raise _TooLarge
             return message
 
+        async def answer(message: Message) -> None:
+            nonlocal answered
+            if too_large:  # FastAPI answers a body it could not read with its own 400: it is a 413
+                if not answered:
+                    answered = True
+                    await self._too_large(send)
+                return
+            answered = answered or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            await self.app(scope, limited, send)
+            await self.app(scope, limited, answer)
         except _TooLarge:
-            await self._too_large(send)
+            if not answered:
+                await self._too_large(send)
 
     async def _too_large(self, send: Send) -> None:
         body = json.dumps({"reason": "too_large", "detail": f"the request body is over {self.limit} bytes",
@@ -271,8 +285,17 @@ def create_app(settings: Settings, door: Door | None = None) -> FastAPI:
                             status_code=422)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()]
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if request.url.path.startswith("/v1/"):
+            # FastAPI parses a JSON body before it runs the key check: a bad key is 401 even then.
+            try:
+                await door.authenticate(request.headers.get("authorization"))
+            except Refusal as refusal:
+                return await _refusal(request, refusal)
+        errors = [{"field": "body", "message": f"malformed JSON at character {e['loc'][-1]}: "
+                                                f"{e.get('ctx', {}).get('error', e['msg'])}"}
+                  if e.get("type") == "json_invalid" else
+                  {"field": ".".join(str(p) for p in e["loc"]), "message": e["msg"]} for e in exc.errors()]
         first = errors[0] if errors else {"field": "body", "message": "invalid"}
         return JSONResponse({"reason": "invalid_request", "detail": f"{first['field']}: {first['message']}",
                              "errors": errors, "what_to_do": "Fix the named field; see /openapi.json."},
@@ -454,6 +477,10 @@ def create_app(settings: Settings, door: Door | None = None) -> FastAPI:
 
 # -- WebSocket sessions -----------------------------------------------------------------
 
+PATIENCE_SECONDS = 10.0
+"""How long a session waits on a peer that reads nothing: for room to answer one of its frames (then it
+is a slow consumer), and for it to take the 'bye' and close frames at the end."""
+
 TOPIC_OF: dict[type[Record], str] = {WaitEdgeAdded: "wait_edges", WaitEdgeRemoved: "wait_edges",
                                      SagaStep: "saga_commands", CompensationRequested: "saga_commands"}
 """The command topic of each agent command (the rest go to resource_commands)."""
@@ -489,7 +516,7 @@ async def run_session(door: Door, ws: WebSocket, resume: int | None) -> None:
     assert api_key is not None
     try:
         until = await door.end_offset(state.name)
-        since = until if resume is None else resume
+        since = until if resume is None else min(resume, until)  # a resume point past the end is the end
         live.next_offset = since
         hello = {"op": "hello", "agent": state.name, "door": door.id, "offset": since,
                  "partition": door.inbox_partition(state.name).partition}
@@ -506,10 +533,19 @@ async def _serve(door: Door, ws: WebSocket, state: AgentState, session: Session,
     sends = asyncio.Semaphore(door.settings.door_max_inflight_per_agent)
     tasks: set[asyncio.Task[None]] = set()
 
-    def reply(frame: dict[str, Any]) -> None:
+    room = asyncio.Event()  # set each time the writer takes a frame
+
+    async def reply(frame: dict[str, Any]) -> None:
+        """Queue the answer to one of the agent's own frames. While half the buffer is taken it waits (up to
+        PATIENCE_SECONDS), so an agent that sends a burst is slowed to its own reading pace instead of being
+        cut off, and the other half stays free for the events the door pushes (those never wait)."""
         try:
+            async with asyncio.timeout(PATIENCE_SECONDS):
+                while session.queue.qsize() >= max(1, session.limit // 2):
+                    room.clear()
+                    await room.wait()
             session.queue.put_nowait(json.dumps(frame))
-        except asyncio.QueueFull:
+        except (TimeoutError, asyncio.QueueFull):
             session.close(f"slow consumer: {session.limit} frames unread")
 
     async def handle(frame: dict[str, Any]) -> None:
@@ -527,13 +563,13 @@ async def _serve(door: Door, ws: WebSocket, state: AgentState, session: Session,
                                                       "graph the record is about)")
             topic = getattr(door.settings.topics, TOPIC_OF.get(type(record), "resource_commands"))
             await state.client.transport.send(topic, key, record)
-            reply({"op": "ack", "id": frame_id})
+            await reply({"op": "ack", "id": frame_id})
         except Refusal as refusal:
-            reply({"op": "error", "id": frame_id, "status": refusal.status, **refusal.body()})
+            await reply({"op": "error", "id": frame_id, "status": refusal.status, **refusal.body()})
         except ContractError as exc:
-            reply({"op": "error", "id": frame_id, "status": 422, "reason": exc.reason, "detail": str(exc)})
+            await reply({"op": "error", "id": frame_id, "status": 422, "reason": exc.reason, "detail": str(exc)})
         except (KafkaError, ArbiterUnavailable) as exc:
-            reply({"op": "error", "id": frame_id, "status": 503, "reason": "unavailable", "detail": str(exc)})
+            await reply({"op": "error", "id": frame_id, "status": 503, "reason": "unavailable", "detail": str(exc)})
         finally:
             sends.release()
 
@@ -549,8 +585,8 @@ async def _serve(door: Door, ws: WebSocket, state: AgentState, session: Session,
             except ValueError:
                 frame = None
             if not isinstance(frame, dict):
-                reply({"op": "error", "id": None, "status": 422, "reason": "malformed_json",
-                       "detail": "a frame is one JSON object, sent as text"})
+                await reply({"op": "error", "id": None, "status": 422, "reason": "malformed_json",
+                             "detail": "a frame is one JSON object, sent as text"})
                 continue
             op = frame.get("op")
             if op == "send":
@@ -559,14 +595,15 @@ async def _serve(door: Door, ws: WebSocket, state: AgentState, session: Session,
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             elif op == "ping":
-                reply({"op": "pong", "id": frame.get("id")})
+                await reply({"op": "pong", "id": frame.get("id")})
             else:
-                reply({"op": "error", "id": frame.get("id"), "status": 422, "reason": "unknown_op",
-                       "detail": f"op {op!r}: a session sends 'send' or 'ping'"})
+                await reply({"op": "error", "id": frame.get("id"), "status": 422, "reason": "unknown_op",
+                             "detail": f"op {op!r}: a session sends 'send' or 'ping'"})
 
     async def write() -> None:
         while True:
             frame = await session.queue.get()
+            room.set()
             if frame is None:
                 return
             await ws.send_text(frame)
@@ -590,8 +627,11 @@ async def _serve(door: Door, ws: WebSocket, state: AgentState, session: Session,
         closer.cancel()
         await asyncio.gather(*workers, *tasks, closer, return_exceptions=True)
         reason = session.closed_because or "closed"
+        log.info("session %s of %s ended: %s", session.id, state.name, reason)
         if reason != "the agent disconnected":
+            # Bounded: a peer that reads nothing (a slow consumer) would hold the session here forever.
             with contextlib.suppress(Exception):
-                await ws.send_text(json.dumps({"op": "bye", "reason": reason}))
-                await ws.close(code=1008 if reason.startswith("slow consumer") else 1001,
-                               reason=reason.encode()[:120].decode(errors="ignore"))
+                async with asyncio.timeout(PATIENCE_SECONDS):
+                    await ws.send_text(json.dumps({"op": "bye", "reason": reason}))
+                    await ws.close(code=1008 if reason.startswith("slow consumer") else 1001,
+                                   reason=reason.encode()[:120].decode(errors="ignore"))

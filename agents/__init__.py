@@ -4,8 +4,8 @@ The public surface is re-exported here and pinned by ``tests/test_sdk_exports.py
 """
 
 from .client import ArbiterClient, ArbiterTimeout, PingResult
-from .httptransport import ArbiterUnavailable, DoorRefused
-from .leases import ArbiterError, Lease, LeaseDenied, LeaseLost
+from .httptransport import DoorRefused
+from .leases import ArbiterError, ArbiterUnavailable, Lease, LeaseDenied, LeaseLost
 from .outcomes import Outcome, Snapshot
 from .sagas import Saga, SagaAborted, SagaStepRejected
 

@@ -40,20 +40,13 @@ from contract import ContractError, Record
 from contract.jsonwire import from_json, to_json
 from contract.models import MODELS
 
-from .leases import ArbiterError
+from .leases import ArbiterError, ArbiterUnavailable
 
 log = logging.getLogger(__name__)
 
 OnRecord = Callable[[Record], None]
 
 SESSION_PATH = "/v1/session"
-
-
-class ArbiterUnavailable(ArbiterError):
-    """Arbiter could not be reached, or the connection broke mid-call. Retriable: the command may or
-    may not have been decided, so retry with the same ids (a decided id is answered, never decided again)."""
-
-    retriable = True
 
 
 class DoorRefused(ArbiterError):

@@ -36,6 +36,13 @@ class ArbiterError(Exception):
     retriable = False
 
 
+class ArbiterUnavailable(ArbiterError):
+    """Arbiter could not be reached, or the connection broke mid-call. Retriable: the command may or
+    may not have been decided, so retry with the same ids (a decided id is answered, never decided again)."""
+
+    retriable = True
+
+
 class LeaseDenied(ArbiterError):
     """The lease was not granted. ``reason`` is a stable code; ``diagnostic`` says what to do.
 

@@ -21,9 +21,13 @@ anything else is counted in this agent's ``forged``, logged, and never acted on.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
+
+from aiokafka.errors import KafkaError
 
 from contract import Codec, ContractError, Record
 from contract.clock import now_ms
@@ -33,6 +37,7 @@ from contract.settings import Settings
 
 from . import hub as hubs
 from .identities import ensure_identity
+from .leases import ArbiterError, ArbiterUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +98,11 @@ class KafkaTransport:
         """Connect, and start reading this agent's inbox from its current end."""
         if self._signer is None:
             self._signer = await self._identity()
-        hub = await hubs.join(self.settings, self.agent_id, self)
+        try:
+            hub = await hubs.join(self.settings, self.agent_id, self)
+        except KafkaError as exc:
+            raise ArbiterUnavailable(f"Kafka at {self.settings.bootstrap} could not be reached: "
+                                     f"{type(exc).__name__}: {exc}") from exc
         self._feed = hub.feed
         self.hub = hub
 
@@ -110,7 +119,33 @@ class KafkaTransport:
         value = self.codec.encode(record)
         raw_key = key.encode()
         headers = self._signer.sign(topic, raw_key, value, now_ms()) if self._signer is not None else None
-        await self.hub.producer.send_and_wait(topic, key=raw_key, value=value, headers=headers)
+        # A transport fault is retried here for up to ``send_retry_seconds``: every command carries an
+        # id that is decided once, so sending it again (if the first one did reach the log) is harmless.
+        deadline = time.monotonic() + self.settings.send_retry_seconds
+        delay = 0.05
+        while True:
+            try:
+                # aiokafka holds a send while no broker answers (up to its request timeout, 40 s):
+                # bound it by this call's deadline.
+                await asyncio.wait_for(self.hub.producer.send_and_wait(topic, key=raw_key, value=value,
+                                                                       headers=headers),
+                                       max(0.05, deadline - time.monotonic()))
+                return
+            except TimeoutError:
+                raise ArbiterUnavailable(
+                    f"Kafka did not take {type(record).__name__} within {self.settings.send_retry_seconds:g} s "
+                    "(no broker answered); it may or may not have reached the log") from None
+            except KafkaError as exc:
+                if not exc.retriable:
+                    raise ArbiterError(f"Kafka refused {type(record).__name__} on {topic}: "
+                                       f"{type(exc).__name__}: {exc}") from exc
+                if time.monotonic() + delay > deadline:
+                    raise ArbiterUnavailable(
+                        f"Kafka did not take {type(record).__name__} within {self.settings.send_retry_seconds:g} s "
+                        f"({type(exc).__name__}: {exc}); it may or may not have reached the log") from exc
+                log.info("sending %s failed (%s); retrying in %.2f s", type(record).__name__, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     async def deliver(self, message: Any) -> None:
         """One inbox message keyed by this agent (the hub's reader calls this): decode, verify, hand on."""

@@ -175,6 +175,10 @@ class Settings(BaseSettings):
     identity_key: str = ""
     """A private key (PEM or base64 raw), for keys kept in a secret store instead of a file."""
 
+    send_retry_seconds: float = Field(default=10.0, ge=0)
+    """How long the SDK retries a command Kafka did not take (a broker restarting, a leader moving)
+    before it raises ``ArbiterUnavailable``. Safe: a command's id is decided once."""
+
     url: str = ""
     """The SDK's front door (``arbiter serve``): one URL or a comma-separated list. Set, an
     ``ArbiterClient`` talks to it over a WebSocket instead of to Kafka."""

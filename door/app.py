@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agents import ArbiterTimeout, LeaseDenied, Outcome, SagaStepRejected
-from agents.httptransport import ArbiterUnavailable
+from agents.leases import ArbiterUnavailable
 from contract import (
     CompensationRequested,
     ContractError,

@@ -25,9 +25,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
 from agents import ArbiterClient, LeaseDenied
-from agents.httptransport import ArbiterUnavailable, DoorRefused, HttpTransport, session_urls
+from agents.httptransport import DoorRefused, HttpTransport, session_urls
 from agents.identities import Operator, ensure_identity
-from agents.leases import ArbiterError
+from agents.leases import ArbiterError, ArbiterUnavailable
 from arbiter.audit.log import Entry, read_log
 from arbiter.processes import DoorProcess, WorkerPool, free_port
 from contract import (

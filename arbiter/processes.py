@@ -65,10 +65,10 @@ class WorkerPool:
         logs = (self.settings.home / "logs").resolve()
         logs.mkdir(parents=True, exist_ok=True)
         for _ in range(count):
-            name = f"worker-{len(self.workers) + 1}"
             env = settings_env(self.settings)
-            env["ARBITER_WORKER_ID"] = name
             env.update(extra_env or {})
+            name = (extra_env or {}).get("ARBITER_WORKER_ID") or f"worker-{len(self.workers) + 1}"
+            env["ARBITER_WORKER_ID"] = name
             log = logs / f"{self.settings.app_id}-{name}.log"
             with open(log, "ab") as out:
                 proc = subprocess.Popen(

@@ -8,6 +8,8 @@ versus off); sdk-scale (1, 8, 64 agents in one process). Default: all.
 Redis (``bench.compare``; ``./dev bench compare`` installs them), run only when named.
 ``python -m bench door [--sizes 10,64,100,1000] [--seconds N] [--via ws,rest,sdk]``: N agents
 through one front door (``arbiter serve``) beside the direct-Kafka SDK (``bench.door``), run only when named.
+``python -m bench failover [--kills 20] [--workers 3]``: failover time after a worker's SIGKILL
+(``bench.failover``), run only when named.
 The Kafka benchmarks need a broker (``./dev bench`` starts the local one) and start
 their own worker processes on topics of their own.
 """
@@ -77,6 +79,10 @@ def main() -> None:
     if sys.argv[1:2] == ["door"]:  # N agents through one front door: its own options
         from . import door
         door.main(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["failover"]:  # SIGKILLed workers, time until their resources are granted again
+        from . import failover
+        failover.main(sys.argv[2:])
         return
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -66,7 +66,7 @@ from shells.trust import Gate, refusal_answers
 
 from .common import TABLES, TICK_KEY, TableSpec, default_tools, failpoint, input_topics, worker_id
 from .deferred import DeferredTable
-from .topics import ensure_changelogs, ensure_topics
+from .topics import ensure_changelogs, ensure_topics, group_session_bounds
 
 log = logging.getLogger("arbiter.worker")
 
@@ -267,12 +267,18 @@ class BatchWorker:
         await self._send_now(settings.topics.workers, self.me.encode(), WorkerStarted(
             worker_id=self.me, rules_json=self.rules.to_json(), processing_guarantee=settings.processing_guarantee,
             partitions=settings.partitions, started_at_ms=now_ms()))
+        session, heartbeat = await self._session_timeouts()
         self.consumer = AIOKafkaConsumer(
             bootstrap_servers=settings.bootstrap, group_id=settings.app_id, enable_auto_commit=False,
             auto_offset_reset="earliest", isolation_level="read_committed",
             fetch_max_wait_ms=settings.fetch_max_wait_ms,
-            session_timeout_ms=int(settings.session_timeout * 1000),
-            heartbeat_interval_ms=int(settings.heartbeat_interval * 1000),
+            session_timeout_ms=round(session * 1000),
+            heartbeat_interval_ms=round(heartbeat * 1000),
+            # How long a rebalance waits for the living members to rejoin. aiokafka defaults it to the
+            # session timeout: with a short one, a member still settling its last batch was dropped,
+            # rejoined, and set off the next rebalance (a storm). A dead member is already gone by
+            # then (its session expired), so a longer wait costs a failover nothing.
+            rebalance_timeout_ms=max(30_000, round(3 * session * 1000)),
             max_partition_fetch_bytes=2 * settings.max_message_bytes, **self.kafka)
         self.consumer.subscribe(sorted(self.processors), listener=_Listener(self))
         await self.consumer.start()
@@ -285,6 +291,20 @@ class BatchWorker:
             ticker.cancel()
             await asyncio.gather(ticker, return_exceptions=True)
             await self._close()
+
+    async def _session_timeouts(self) -> tuple[float, float]:
+        """The session timeout (how long after a crash the group moves a worker's partitions: the
+        failover time's largest part) and heartbeat interval to use: the configured ones, brought
+        within what the brokers accept (a broker refuses a group member outside its bounds)."""
+        session = self.settings.session_timeout
+        bounds = await group_session_bounds(self.settings)
+        if bounds is not None and not bounds[0] <= session <= bounds[1]:
+            wanted, session = session, min(max(session, bounds[0]), bounds[1])
+            log.warning("the brokers accept session timeouts of %g to %g s (group.min/max.session.timeout.ms), "
+                        "not ARBITER_SESSION_TIMEOUT=%g: using %g s, so a killed worker's partitions move after "
+                        "that long. Lower group.min.session.timeout.ms for fast failover ('arbiter kafka up' does).",
+                        bounds[0], bounds[1], wanted, session)
+        return session, min(self.settings.heartbeat_interval, session / 3)
 
     def stop(self) -> None:
         """Ask the worker to finish its batch and leave."""
@@ -633,12 +653,15 @@ class BatchWorker:
         remaining = {ctp for ctp in where if ends[ctp] > await restorer.position(ctp)}
         count = 0
         last_report = time.monotonic()
+        # Only a key's last record counts: keep the raw bytes and decode each key once at the end
+        # (a changelog not yet compacted holds every change of every key).
+        latest: dict[tuple[TopicPartition, bytes], bytes | None] = {}
         while remaining:
             batch = await restorer.getmany(*remaining, timeout_ms=500, max_records=10_000)
             for ctp, records in batch.items():
-                table = where[ctp]
                 for record in records:
-                    table.load(ctp.partition, record.key, record.value)
+                    if record.key is not None:
+                        latest[(ctp, record.key)] = record.value
                 count += len(records)
             for ctp in list(remaining):
                 if await restorer.position(ctp) >= ends[ctp]:
@@ -646,6 +669,8 @@ class BatchWorker:
             if time.monotonic() - last_report > 5:
                 last_report = time.monotonic()
                 log.info("restoring state: %d changelog records read, %d partitions to go", count, len(remaining))
+        for (ctp, key), value in latest.items():
+            where[ctp].load(ctp.partition, key, value)
         # Paused, not unassigned: an idle assignment would be fetched from forever, and assign([])
         # makes aiokafka ask the broker for the metadata of every topic.
         restorer.pause(*where)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaError
+from aiokafka.protocol.metadata import MetadataRequest
 
 from contract.kafkaauth import kafka_client_options
 from contract.settings import Settings
@@ -27,9 +28,16 @@ COMPACTED = {"cleanup.policy": "compact"}
 """Added for the registry: the latest record of every key, kept forever (old keys included)."""
 
 
+def replication_config(settings: Settings) -> dict[str, str]:
+    """What a new topic gets for its replication: with 3 replicas or more, ``min.insync.replicas=2``,
+    so a write acknowledged to ``acks=all`` is on two nodes at least and one node may die."""
+    return {"min.insync.replicas": "2"} if settings.replication_factor >= 3 else {}
+
+
 def config_of(settings: Settings, name: str) -> dict[str, str]:
     """The config a topic gets."""
-    return {**TOPIC_CONFIG, **COMPACTED} if name == settings.topics.registry else TOPIC_CONFIG
+    base = {**TOPIC_CONFIG, **COMPACTED} if name == settings.topics.registry else TOPIC_CONFIG
+    return {**base, **replication_config(settings)}
 
 
 class TopicError(RuntimeError):
@@ -69,8 +77,7 @@ async def ensure_topics(settings: Settings) -> list[TopicState]:
             for name, code, message in _topic_errors(response):
                 if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS (a concurrent create)
                     raise TopicError(f"creating {name} failed: error {code} {message or ''}".strip())
-            await _wait_for_leaders(admin, missing)
-            existing.update(await _partition_counts(admin, missing))
+            existing.update(await _wait_for_leaders(admin, missing))
         await _align_configs(admin, [n for n in wanted if n not in missing and n != settings.topics.registry])
         wrong = {n: c for n, c in existing.items() if c != settings.partitions}
         if wrong:
@@ -86,20 +93,39 @@ async def ensure_topics(settings: Settings) -> list[TopicState]:
         await admin.close()
 
 
-async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str], timeout: float = 30.0) -> None:
-    """Return once every partition of ``names`` has a leader, so first use does not race creation."""
+async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str], timeout: float = 30.0) -> dict[str, int]:
+    """Return once every broker knows every partition of ``names`` and its leader, so first use does not
+    race creation (each broker of a cluster learns of a new topic on its own, and a client asks any
+    of them); their partition counts."""
     deadline = time.monotonic() + timeout
     while True:
-        topics = await admin.describe_topics(names)
-        ready = all(
-            t.get("error_code", 0) == 0 and t["partitions"] and all(p["leader"] >= 0 for p in t["partitions"])
-            for t in topics
-        )
-        if ready:
-            return
+        counts = await _known_everywhere(admin, names)
+        if counts is not None:
+            return counts
         if time.monotonic() > deadline:
-            raise TopicError(f"topics {', '.join(names)} have no partition leaders after {timeout:.0f}s")
+            raise TopicError(f"topics {', '.join(names)} have no partition leaders on every broker after "
+                             f"{timeout:.0f}s")
         await asyncio.sleep(0.1)
+
+
+async def _known_everywhere(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int] | None:
+    """Each of ``names``' partition count, when every broker describes them all with leaders; else None."""
+    brokers = [broker.nodeId for broker in admin._client.cluster.brokers()]
+    counts: dict[str, int] = {}
+    for node in brokers or [admin._client.get_random_node()]:
+        try:
+            response = await admin._client.send(node, MetadataRequest(names))
+        except KafkaError:  # a broker that just died (not fenced yet): ask the cluster who is there again
+            await admin._client.force_metadata_update()
+            return None
+        topics = response.to_object()["topics"]
+        for t in topics:
+            if t.get("error_code", 0) != 0 or not t["partitions"] or any(p["leader"] < 0 for p in t["partitions"]):
+                return None
+            counts[t["topic"]] = len(t["partitions"])
+        if not set(names) <= {t["topic"] for t in topics}:
+            return None
+    return counts
 
 
 async def _align_configs(admin: AIOKafkaAdminClient, names: list[str]) -> None:
@@ -154,8 +180,11 @@ def _topic_errors(response: object) -> list[tuple[str, int, str | None]]:
     return out
 
 
-CHANGELOG_CONFIG = {"cleanup.policy": "compact"}
-"""A changelog keeps the latest state of every key; older values are compacted away."""
+CHANGELOG_CONFIG = {"cleanup.policy": "compact", "segment.ms": "60000", "min.cleanable.dirty.ratio": "0.1"}
+"""A changelog keeps the latest state of every key; older values are compacted away. Kafka never
+compacts the active segment, so it rolls every minute: a worker taking a partition over reads
+its keys' last values plus at most about a minute of changes, not every change since it began
+(failover time must not grow with the history)."""
 
 
 async def ensure_changelogs(settings: Settings, names: list[str]) -> None:
@@ -169,7 +198,8 @@ async def ensure_changelogs(settings: Settings, names: list[str]) -> None:
         missing = [n for n in names if n not in existing]
         if missing:
             response = await admin.create_topics(
-                [NewTopic(n, settings.partitions, settings.replication_factor, topic_configs=CHANGELOG_CONFIG)
+                [NewTopic(n, settings.partitions, settings.replication_factor,
+                          topic_configs={**CHANGELOG_CONFIG, **replication_config(settings)})
                  for n in missing], timeout_ms=15000)
             for name, code, message in _topic_errors(response):
                 if code not in (0, 36):
@@ -196,5 +226,30 @@ async def delete_topics_named(settings: Settings, prefixes: tuple[str, ...], bat
         for start in range(0, len(ours), batch):
             await admin.delete_topics(ours[start:start + batch], timeout_ms=60_000)
         return len(ours)
+    finally:
+        await admin.close()
+
+
+async def group_session_bounds(settings: Settings) -> tuple[float, float] | None:
+    """The session timeouts (seconds) the brokers accept from a consumer group, as
+    (``group.min.session.timeout.ms``, ``group.max.session.timeout.ms``) of one broker; None when
+    they cannot be read (a principal without DescribeConfigs on the cluster)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, **kafka_client_options(settings))
+    try:
+        await admin.start()
+        brokers = admin._client.cluster.brokers()
+        if not brokers:
+            return None
+        node = str(min(b.nodeId for b in brokers))
+        for response in await admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, node)]):
+            for resource in response.resources:
+                entries = {row[0]: row[1] for row in resource[4]}
+                low = entries.get("group.min.session.timeout.ms")
+                high = entries.get("group.max.session.timeout.ms")
+                if low is not None and high is not None:
+                    return int(low) / 1000, int(high) / 1000
+        return None
+    except (KafkaError, ValueError, TypeError, IndexError):
+        return None
     finally:
         await admin.close()

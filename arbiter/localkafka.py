@@ -14,6 +14,26 @@ keeping the jars.
 All state lives under ``<home>/kafka`` (``.arbiter/`` by default, git-ignored), so a
 restart keeps every message.
 
+Several nodes (``up(nodes=3)``, ``arbiter kafka up --nodes 3``)
+-----------------------------------------------------------------
+A cluster on loopback: N KRaft nodes, each a combined broker and controller, all
+formatted with one cluster id, ``controller.quorum.voters`` naming them all. Node ``i``
+(1..N) listens for clients on ``kafka_port + 2*(i-1)`` and for the controllers on
+``kafka_controller_port + 2*(i-1)`` (9092/9093, 9094/9095, 9096/9097 by default), and
+keeps its config, pid, data and logs in ``<home>/kafka/nodes/<i>/``. The one-node
+layout stays where it always was (``<home>/kafka/data`` ...). The count is written to
+``<home>/kafka/arbiter-nodes`` when the storage is formatted, so ``down``, ``status``,
+``reset`` and a later plain ``up`` act on every node; asking for another count on
+existing data is an error that names ``arbiter kafka reset``. With three nodes or more,
+internal topics get replication factor 3, ``min.insync.replicas`` is 2 (so is
+``transaction.state.log.min.isr``), and a dead node is fenced after 3 s without
+heartbeats (``broker.session.timeout.ms``; Kafka's default is 9 s), so its partitions'
+leadership moves within seconds. ``up`` also restarts the nodes of a cluster that are
+down (their data kept) and waits until every node answers and sees all N brokers.
+``local_cluster_settings`` gives the settings that reach such a cluster (its bootstrap
+list, replication factor 3): the ``arbiter`` commands use them when no bootstrap is given.
+The secure mode runs one node only.
+
 Secure mode (``up(secure=True)``, ``arbiter kafka up --secure``)
 ------------------------------------------------------------------
 Kafka's own access control is the outer wall of the trust boundary (README "Trust
@@ -38,6 +58,7 @@ file, whose passwords a later ``--secure`` format reuses.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -88,20 +109,25 @@ def broker_answers(bootstrap: str, timeout: float = 3.0, options: Mapping[str, A
     ``options`` are aiokafka client options (``contract.kafkaauth.kafka_client_options``):
     a SASL listener answers only a client that logs in.
     """
+    return broker_count(bootstrap, timeout, options) > 0
+
+
+def broker_count(bootstrap: str, timeout: float = 3.0, options: Mapping[str, Any] | None = None) -> int:
+    """How many brokers the metadata of the first broker at ``bootstrap`` that answers names (0: none answers)."""
     from aiokafka import AIOKafkaClient
     from aiokafka.errors import KafkaError
 
     # A probe that fails is an answer, not an error worth aiokafka's log lines.
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
 
-    async def probe() -> bool:
+    async def probe() -> int:
         client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000),
                                 **dict(options or {}))
         try:
             await asyncio.wait_for(client.bootstrap(), timeout)
-            return bool(client.cluster.brokers())
+            return len(client.cluster.brokers())
         except (TimeoutError, KafkaError, OSError):
-            return False
+            return 0
         finally:
             await client.close()
 
@@ -213,21 +239,93 @@ def _port_open(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
-class LocalKafka:
-    """The single-node KRaft broker under ``settings.home``."""
+@dataclass(frozen=True)
+class Node:
+    """One KRaft node (broker and controller) of the local Kafka: its ports and its files."""
 
-    def __init__(self, settings: Settings, say: Callable[[str], None] = lambda _msg: None) -> None:
+    id: int
+    port: int
+    controller_port: int
+    root: Path
+    """Its config, pid file, data and logs: ``<home>/kafka`` alone, ``<home>/kafka/nodes/<id>`` in a cluster."""
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def config(self) -> Path:
+        return self.root / "server.properties"
+
+    @property
+    def log4j(self) -> Path:
+        return self.root / "log4j.properties"
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "kafka.pid"
+
+
+MAX_NODES = 9
+
+BROKER_SESSION_TIMEOUT_MS = 3000
+"""A cluster's controllers fence a node this long after its last heartbeat (Kafka: 9 s), and
+its partitions get new leaders: the largest part of a client's wait after a node dies."""
+
+
+class LocalKafka:
+    """The local KRaft broker under ``settings.home``: one node, or a cluster of ``nodes`` on loopback.
+
+    ``nodes``: how many to run; None for as many as the data was formatted with (1 when none yet).
+    """
+
+    def __init__(self, settings: Settings, say: Callable[[str], None] = lambda _msg: None,
+                 nodes: int | None = None) -> None:
         self.settings = settings
         self.say = say
         self.root = (settings.home / "kafka").resolve()
         self.libs = self.root / "libs"
-        self.data = self.root / "data"
-        self.logs = self.root / "logs"
-        self.config = self.root / "server.properties"
-        self.pid_file = self.root / "kafka.pid"
+        self.nodes_file = self.root / "arbiter-nodes"
+        if nodes is not None and not 1 <= nodes <= MAX_NODES:
+            raise LocalKafkaError(f"a local Kafka runs 1 to {MAX_NODES} nodes, not {nodes}")
+        self.nodes = nodes or self.recorded_nodes() or 1
+        """How many nodes this broker is (the count asked for, or the one its data was formatted with)."""
+        self.node_list = [self._node(i) for i in range(1, self.nodes + 1)]
+        first = self.node_list[0]
+        self.data = first.data
+        self.logs = first.logs
+        self.config = first.config
+        self.pid_file = first.pid_file
         self.mode_file = self.data / "arbiter-mode"
         self.credentials_file = credentials_path(settings.home.resolve())
-        self.bootstrap = f"127.0.0.1:{settings.kafka_port}"
+        self.bootstrap = ",".join(node.address for node in self.node_list)
+
+    def _node(self, node_id: int) -> Node:
+        s, step = self.settings, 2 * (node_id - 1)
+        root = self.root if self.nodes == 1 else self.root / "nodes" / str(node_id)
+        return Node(node_id, s.kafka_port + step, s.kafka_controller_port + step, root)
+
+    def recorded_nodes(self) -> int | None:
+        """How many nodes the data was formatted with; None before the first ``up``."""
+        try:
+            text = self.nodes_file.read_text().strip()
+        except FileNotFoundError:
+            # Data from before clusters existed is one node's.
+            return 1 if (self.root / "data" / "meta.properties").exists() else None
+        return int(text) if text.isdigit() and 1 <= int(text) <= MAX_NODES else None
+
+    @property
+    def replication_factor(self) -> int:
+        """The replication factor this broker's topics should have: 3, or fewer when it has fewer nodes."""
+        return min(self.nodes, 3)
 
     # -- fetch -----------------------------------------------------------------------
 
@@ -337,68 +435,95 @@ class LocalKafka:
             options = self.client_options()
         except (OSError, ValueError, KeyError):
             return False
-        return broker_answers(self.bootstrap, timeout, options)
+        return self._cluster_answers(timeout, options)
 
     # -- process ---------------------------------------------------------------------
 
     def pid(self) -> int | None:
-        """The broker's pid, if the process we started is still alive."""
+        """The broker's pid (the first node's, in a cluster), if the process we started is still alive."""
+        return self.pid_of(self.node_list[0])
+
+    def pids(self) -> dict[int, int | None]:
+        """Each node's pid (None: not running), by node id."""
+        return {node.id: self.pid_of(node) for node in self.node_list}
+
+    @staticmethod
+    def pid_of(node: Node) -> int | None:
+        """The pid of ``node``'s broker, if the process we started is still alive."""
         try:
-            pid = int(self.pid_file.read_text().strip())
+            pid = int(node.pid_file.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except (FileNotFoundError, PermissionError, ProcessLookupError):
             return None
-        return pid if b"kafka.Kafka" in cmdline and str(self.config).encode() in cmdline else None
+        return pid if b"kafka.Kafka" in cmdline and str(node.config).encode() in cmdline else None
 
-    def log_tail(self, lines: int = 40) -> str:
-        """The last lines of the broker's logs, for error messages."""
+    def log_tail(self, lines: int = 40, node: Node | None = None) -> str:
+        """The last lines of the broker's logs (of every node, or of ``node``), for error messages."""
         parts = []
-        for name in ("server.log", "kafka.out"):
-            path = self.logs / name
-            if path.exists():
-                text = path.read_text(errors="replace").splitlines()[-lines:]
-                parts.append(f"--- {path} ---\n" + "\n".join(text))
+        for each in [node] if node is not None else self.node_list:
+            for name in ("server.log", "kafka.out"):
+                path = each.logs / name
+                if path.exists():
+                    text = path.read_text(errors="replace").splitlines()[-lines:]
+                    parts.append(f"--- {path} ---\n" + "\n".join(text))
         return "\n".join(parts)
 
-    def _write_config(self, passwords: Mapping[str, str] | None = None) -> None:
-        """Write server.properties; with ``passwords``, the secure (SASL + ACL) variant."""
+    def _write_config(self, node: Node, passwords: Mapping[str, str] | None = None) -> None:
+        """Write ``node``'s server.properties; with ``passwords``, the secure (SASL + ACL) variant."""
         s = self.settings
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{s.kafka_controller_port}",
-            "listeners": f"PLAINTEXT://127.0.0.1:{s.kafka_port},CONTROLLER://127.0.0.1:{s.kafka_controller_port}",
-            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{s.kafka_port}",
+            "node.id": str(node.id),
+            "controller.quorum.voters": ",".join(f"{n.id}@127.0.0.1:{n.controller_port}" for n in self.node_list),
+            "listeners": f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{node.port}",
             "controller.listener.names": "CONTROLLER",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name": "PLAINTEXT",
-            "log.dirs": str(self.data),
+            "log.dirs": str(node.data),
             "num.partitions": str(s.partitions),
             "offsets.topic.replication.factor": "1",
             "offsets.topic.num.partitions": "4",
             "transaction.state.log.replication.factor": "1",
             "transaction.state.log.min.isr": "1",
             "transaction.state.log.num.partitions": "4",
-            # One broker, no one to wait for: start consumer groups at once.
+            # Local brokers, no one to wait for: start consumer groups at once.
             "group.initial.rebalance.delay.ms": "0",
+            # Workers use short session timeouts (fast failover: ARBITER_SESSION_TIMEOUT, 2 s);
+            # Kafka's default minimum is 6 s.
+            "group.min.session.timeout.ms": "1000",
             # Topics are created by `arbiter topics create`, never by a typo.
             "auto.create.topics.enable": "false",
             "message.max.bytes": str(2 * s.max_message_bytes),
             # The log is the audit record: keep it.
             "log.retention.ms": "-1",
         }
+        if self.nodes > 1:
+            replicas = self.replication_factor
+            in_sync = "2" if replicas >= 3 else "1"
+            props.update({
+                # Every write acknowledged (acks=all) is on at least two nodes: one may die.
+                "offsets.topic.replication.factor": str(replicas),
+                "transaction.state.log.replication.factor": str(replicas),
+                "transaction.state.log.min.isr": in_sync,
+                "default.replication.factor": str(replicas),
+                "min.insync.replicas": in_sync,
+                # A dead node is fenced (and its partitions led elsewhere) after 3 s, not 9.
+                "broker.session.timeout.ms": str(BROKER_SESSION_TIMEOUT_MS),
+                "broker.heartbeat.interval.ms": str(BROKER_SESSION_TIMEOUT_MS // 6),
+            })
         if passwords is None:
-            self.config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+            node.config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         else:
             props.update(self._secure_props(passwords[ADMIN]))
-            _write_private(self.config, "".join(f"{k}={v}\n" for k, v in props.items()))
+            _write_private(node.config, "".join(f"{k}={v}\n" for k, v in props.items()))
         log4j = {
             "log4j.rootLogger": "INFO, file",
             "log4j.appender.file": "org.apache.log4j.RollingFileAppender",
-            "log4j.appender.file.File": str(self.logs / "server.log"),
+            "log4j.appender.file.File": str(node.logs / "server.log"),
             "log4j.appender.file.MaxFileSize": "20MB",
             "log4j.appender.file.MaxBackupIndex": "3",
             "log4j.appender.file.layout": "org.apache.log4j.PatternLayout",
@@ -407,7 +532,7 @@ class LocalKafka:
             "log4j.logger.org.apache.kafka": "INFO",
             "log4j.logger.state.change.logger": "WARN",
         }
-        (self.root / "log4j.properties").write_text("".join(f"{k}={v}\n" for k, v in log4j.items()))
+        node.log4j.write_text("".join(f"{k}={v}\n" for k, v in log4j.items()))
 
     def _secure_props(self, admin_password: str) -> dict[str, str]:
         s = self.settings
@@ -437,44 +562,77 @@ class LocalKafka:
     def _classpath(self) -> str:
         return str(self.libs / "*")
 
-    def _format_if_new(self, java: str, mode: Mode = "plain", passwords: Mapping[str, str] | None = None) -> None:
-        if (self.data / "meta.properties").exists():
+    def _cluster_id(self) -> str:
+        """The id to format a node's storage with: the one its fellow nodes have, or a new one."""
+        for node in self.node_list:
+            try:
+                lines = (node.data / "meta.properties").read_text().splitlines()
+            except FileNotFoundError:
+                continue
+            for line in lines:
+                key, _, value = line.partition("=")
+                if key.strip() == "cluster.id" and value.strip():
+                    return value.strip()
+        return uuid.uuid4().hex[:22]
+
+    def _format_if_new(self, java: str, mode: Mode = "plain", passwords: Mapping[str, str] | None = None,
+                       nodes: list[Node] | None = None) -> None:
+        """Format the storage of each node (of ``nodes``) that has none yet, all with one cluster id."""
+        todo = [node for node in (nodes or self.node_list) if not (node.data / "meta.properties").exists()]
+        if not todo:
             return
-        self.say(f"formatting Kafka storage in {self.data}" + (" (secure)" if mode == "secure" else ""))
-        self.data.mkdir(parents=True, exist_ok=True)
+        cluster_id = self._cluster_id()
         scram: list[str] = []
         for name, password in (passwords or {}).items():
             scram += ["--add-scram", f"{SCRAM_MECHANISM}=[name={name},password={password}]"]
-        proc = subprocess.run(
-            [
-                java,
-                f"-Dlog4j.configuration=file:{self.root / 'log4j.properties'}",
-                "-cp",
-                self._classpath(),
-                "kafka.tools.StorageTool",
-                "format",
-                "-t",
-                uuid.uuid4().hex[:22],
-                "-c",
-                str(self.config),
-                *scram,
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise LocalKafkaError("formatting the Kafka storage failed", proc.stdout + proc.stderr)
+        formats = []
+        for node in todo:  # at once: each is a JVM start
+            self.say(f"formatting Kafka storage in {node.data}" + (" (secure)" if mode == "secure" else ""))
+            node.data.mkdir(parents=True, exist_ok=True)
+            formats.append(subprocess.Popen(
+                [
+                    java,
+                    f"-Dlog4j.configuration=file:{node.log4j}",
+                    "-cp",
+                    self._classpath(),
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    cluster_id,
+                    "-c",
+                    str(node.config),
+                    *scram,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            ))
+        for node, proc in zip(todo, formats, strict=True):
+            out, _ = proc.communicate()
+            if proc.returncode != 0:
+                raise LocalKafkaError(f"formatting the Kafka storage{self._label(node)} failed", out)
         self.mode_file.write_text(f"{mode}\n")
+        self.nodes_file.write_text(f"{self.nodes}\n")
 
     def up(self, timeout: float = 90.0, secure: bool | None = None) -> str:
-        """Start the broker (harmless when it already runs). Returns what happened.
+        """Start the broker, or every node of the cluster that is not running (harmless when all run).
+        Returns what happened.
 
         ``secure``: True for SASL/SCRAM and ACLs, False for the plain broker, None for
         whatever the data was formatted as (plain when there is none yet).
         """
+        recorded = self.recorded_nodes()
+        if recorded is not None and recorded != self.nodes:
+            raise LocalKafkaError(
+                f"the Kafka data in {self.root} belongs to {_count(recorded)}, so it cannot start as "
+                f"{_count(self.nodes)}. Start it as it was ('arbiter kafka up'), or delete all its data with "
+                f"'arbiter kafka reset' and then run 'arbiter kafka up --nodes {self.nodes}'"
+            )
         mode = self._resolve_mode(secure)
         if mode == "secure":
+            if self.nodes > 1:
+                raise LocalKafkaError(f"the secure mode runs one node only, not {self.nodes}: "
+                                      "run 'arbiter kafka up --secure' without --nodes")
             return self._secure_up(timeout)
         return self._up(timeout)
 
@@ -485,24 +643,38 @@ class LocalKafka:
         return f"{what}; secure: SASL/SCRAM-SHA-512 and ACLs, logins in {self.credentials_file}"
 
     def _up(self, timeout: float, passwords: Mapping[str, str] | None = None) -> str:
-        """Start the broker: plain, or secure with these passwords (written to the credentials file)."""
+        """Start the nodes that are not running: plain, or secure with these passwords (written to the
+        credentials file)."""
         secure = passwords is not None
         options = self.client_options() if secure and self.mode() == "secure" else {}
-        if self.pid() is not None:
-            if broker_answers(self.bootstrap, options=options):
-                return f"already running (pid {self.pid()}) on {self.bootstrap}"
-            return self._wait_ready(self.pid() or 0, timeout, started_now=False, options=options)
-        for port in (self.settings.kafka_port, self.settings.kafka_controller_port):
-            if _port_open(port):
-                hint = "; use --bootstrap to use it" if port == self.settings.kafka_port else ""
-                raise LocalKafkaError(f"127.0.0.1:{port} is already in use by another process{hint}")
+        ports = [port for node in self.node_list for port in (node.port, node.controller_port)]
+        if len(set(ports)) < len(ports) or max(ports) > 65535:
+            raise LocalKafkaError(
+                f"{self.nodes} nodes need {len(ports)} distinct ports: node i listens on ARBITER_KAFKA_PORT + 2(i-1) "
+                f"and ARBITER_KAFKA_CONTROLLER_PORT + 2(i-1), which give {', '.join(map(str, ports))}; "
+                "set the controller port to the client port + 1")
+        down = [node for node in self.node_list if self.pid_of(node) is None]
+        if not down:
+            if self._cluster_answers(options=options):
+                return f"already running ({self._pids_text()}) on {self.bootstrap}"
+            return self._wait_ready({}, timeout, options=options)
+        for node in down:
+            for port in (node.port, node.controller_port):
+                if _port_open(port):
+                    hint = "; use --bootstrap to use it" if port == node.port else ""
+                    raise LocalKafkaError(f"127.0.0.1:{port} is already in use by another process{hint}")
         java = _java()
         self.fetch()
-        for folder in (self.data, self.logs):
-            folder.mkdir(parents=True, exist_ok=True)
-        self._write_config(passwords)
-        self._format_if_new(java, "secure" if secure else "plain", passwords)
+        for node in down:
+            for folder in (node.data, node.logs):
+                folder.mkdir(parents=True, exist_ok=True)
+            self._write_config(node, passwords)
+        self._format_if_new(java, "secure" if secure else "plain", passwords, down)
         options = self.client_options() if secure else {}
+        started = {node.id: self._start(java, node) for node in down}
+        return self._wait_ready(started, timeout, options=options)
+
+    def _start(self, java: str, node: Node) -> subprocess.Popen[bytes]:
         cmd = [
             java,
             f"-Xmx{self.settings.kafka_heap}",
@@ -510,61 +682,120 @@ class LocalKafka:
             "-XX:+UseG1GC",
             "-XX:MaxGCPauseMillis=20",
             "-Djava.awt.headless=true",
-            f"-Dlog4j.configuration=file:{self.root / 'log4j.properties'}",
-            f"-Dkafka.logs.dir={self.logs}",
+            f"-Dlog4j.configuration=file:{node.log4j}",
+            f"-Dkafka.logs.dir={node.logs}",
             "-cp",
             self._classpath(),
             "kafka.Kafka",
-            str(self.config),
+            str(node.config),
         ]
-        with open(self.logs / "kafka.out", "ab") as out:
+        with open(node.logs / "kafka.out", "ab") as out:
             proc = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
             )
-        self.pid_file.write_text(f"{proc.pid}\n")
-        return self._wait_ready(proc.pid, timeout, started_now=True, proc=proc, options=options)
+        node.pid_file.write_text(f"{proc.pid}\n")
+        return proc
 
-    def _wait_ready(
-        self, pid: int, timeout: float, started_now: bool, proc: subprocess.Popen[bytes] | None = None,
-        options: Mapping[str, Any] | None = None,
-    ) -> str:
+    def _cluster_answers(self, timeout: float = 3.0, options: Mapping[str, Any] | None = None) -> bool:
+        """The broker answers; in a cluster, every node answers and sees every node's broker."""
+        if self.nodes == 1:
+            return broker_answers(self.bootstrap, timeout, options)
+        return all(broker_count(node.address, timeout, options) >= self.nodes for node in self.node_list)
+
+    def _label(self, node: Node) -> str:
+        return f" (node {node.id})" if self.nodes > 1 else ""
+
+    def _pids_text(self) -> str:
+        pids = self.pids()
+        if self.nodes == 1:
+            return f"pid {pids[1]}"
+        return ", ".join(f"node {i}: pid {pid}" if pid else f"node {i}: not running" for i, pid in pids.items())
+
+    def _wait_ready(self, started: dict[int, subprocess.Popen[bytes]], timeout: float,
+                    options: Mapping[str, Any] | None = None) -> str:
+        """Wait until the broker (every node) answers; ``started``: the processes started now, by node id."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if proc is not None and proc.poll() is not None:
-                self.pid_file.unlink(missing_ok=True)
-                raise LocalKafkaError(f"the Kafka broker exited with code {proc.returncode}", self.log_tail())
-            if proc is None and self.pid() is None:
-                raise LocalKafkaError("the Kafka broker exited", self.log_tail())
-            if broker_answers(self.bootstrap, timeout=2.0, options=options):
-                verb = "started" if started_now else "running"
-                return f"{verb} (pid {pid}) on {self.bootstrap}, data in {self.data}"
+            for node in self.node_list:
+                proc = started.get(node.id)
+                if proc is not None and proc.poll() is not None:
+                    node.pid_file.unlink(missing_ok=True)
+                    self._stop([n for n in self.node_list if n.id in started and n.id != node.id], 30.0)
+                    raise LocalKafkaError(f"the Kafka broker{self._label(node)} exited with code {proc.returncode}",
+                                          self.log_tail(node=node))
+                if proc is None and self.pid_of(node) is None:
+                    raise LocalKafkaError(f"the Kafka broker{self._label(node)} exited", self.log_tail(node=node))
+            if self._cluster_answers(timeout=2.0, options=options):
+                if self.nodes == 1:
+                    verb = "started" if started else "running"
+                    return f"{verb} ({self._pids_text()}) on {self.bootstrap}, data in {self.data}"
+                what = ("running" if not started else "started" if len(started) == self.nodes
+                        else f"started {', '.join(f'node {i}' for i in started)} of")
+                return (f"{what} {self.nodes} nodes ({self._pids_text()}) on {self.bootstrap}, "
+                        f"data in {self.root / 'nodes'}")
             time.sleep(0.3)
-        self.down()
-        raise LocalKafkaError(f"the Kafka broker did not answer within {timeout:.0f}s", self.log_tail())
+        self._stop([n for n in self.node_list if n.id in started] if started else self.node_list, 60.0)
+        raise LocalKafkaError(f"the Kafka broker{'s' if self.nodes > 1 else ''} did not answer within {timeout:.0f}s",
+                              self.log_tail(lines=40 if self.nodes == 1 else 15))
 
     def down(self, timeout: float = 60.0) -> str:
-        """Stop the broker cleanly (SIGTERM, then SIGKILL after ``timeout``)."""
-        pid = self.pid()
-        if pid is None:
-            self.pid_file.unlink(missing_ok=True)
+        """Stop the broker (every node) cleanly: SIGTERM, then SIGKILL after ``timeout``."""
+        return self._stop(self.node_list, timeout)
+
+    def _stop(self, nodes: list[Node], timeout: float) -> str:
+        running = [(node, pid) for node in nodes if (pid := self.pid_of(node)) is not None]
+        if not running:
+            for node in nodes:
+                node.pid_file.unlink(missing_ok=True)
             return "not running"
-        os.kill(pid, signal.SIGTERM)
+        for _node, pid in running:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.pid() is not None:
+        while time.monotonic() < deadline and any(self.pid_of(node) is not None for node, _pid in running):
             time.sleep(0.1)
-        if self.pid() is not None:
-            os.kill(pid, signal.SIGKILL)
-            while self.pid() is not None:
+        killed = [(node, pid) for node, pid in running if self.pid_of(node) is not None]
+        for node, pid in killed:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            while self.pid_of(node) is not None:
                 time.sleep(0.05)
-            self.pid_file.unlink(missing_ok=True)
-            return f"killed (pid {pid}) after {timeout:.0f}s without a clean shutdown"
-        self.pid_file.unlink(missing_ok=True)
-        return f"stopped (pid {pid})"
+        for node, _pid in running:
+            node.pid_file.unlink(missing_ok=True)
+        if self.nodes == 1:
+            pid = running[0][1]
+            if killed:
+                return f"killed (pid {pid}) after {timeout:.0f}s without a clean shutdown"
+            return f"stopped (pid {pid})"
+        said = "stopped " + ", ".join(f"node {node.id} (pid {pid})" for node, pid in running)
+        if killed:
+            said += (f"; killed {', '.join(f'node {node.id}' for node, _pid in killed)} after {timeout:.0f}s "
+                     "without a clean shutdown")
+        return said
 
     def reset(self) -> str:
-        """Stop the broker and delete every message it holds, and its mode (the jars stay,
-        and so does a secure broker's credentials file, for the next ``--secure`` format)."""
+        """Stop the broker (every node) and delete every message it holds, its mode and its node count
+        (the jars stay, and so does a secure broker's credentials file, for the next ``--secure`` format)."""
         stopped = self.down()
-        if self.data.exists():
-            shutil.rmtree(self.data)
+        for folder in [self.root / "data", *sorted((self.root / "nodes").glob("*/data"))]:
+            if folder.exists():
+                shutil.rmtree(folder)
+        self.nodes_file.unlink(missing_ok=True)
         return f"{stopped}; data wiped"
+
+
+def _count(nodes: int) -> str:
+    return "one node" if nodes == 1 else f"a cluster of {nodes} nodes"
+
+
+def local_cluster_settings(settings: Settings) -> Settings:
+    """``settings`` to reach the local Kafka cluster of ``settings.home``, when it has several nodes:
+    its bootstrap list, and a replication factor of 3 (fewer with fewer nodes) unless one was set.
+    Unchanged for a single node or no local Kafka. For commands given no bootstrap."""
+    local = LocalKafka(settings)
+    if local.nodes == 1:
+        return settings
+    update: dict[str, object] = {"bootstrap": local.bootstrap}
+    if "replication_factor" not in settings.model_fields_set:
+        update["replication_factor"] = local.replication_factor
+    return settings.model_copy(update=update)

@@ -669,8 +669,10 @@ class BatchWorker:
             if time.monotonic() - last_report > 5:
                 last_report = time.monotonic()
                 log.info("restoring state: %d changelog records read, %d partitions to go", count, len(remaining))
-        for (ctp, key), value in latest.items():
+        for n, ((ctp, key), value) in enumerate(latest.items()):
             where[ctp].load(ctp.partition, key, value)
+            if n % 500 == 499:
+                await asyncio.sleep(0)  # a long restore must not starve the heartbeat (a 1.2 s session)
         # Paused, not unassigned: an idle assignment would be fetched from forever, and assign([])
         # makes aiokafka ask the broker for the metadata of every topic.
         restorer.pause(*where)

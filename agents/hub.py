@@ -93,6 +93,20 @@ async def join(settings: Settings, agent_id: str, member: Member) -> InboxHub:
     return hub
 
 
+async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
+    """``consumer.stop()``, which can hang in aiokafka 0.14 when it comes right after an assignment
+    change: the fetch routine, cancelled while it waits for the fetches it cancelled itself, swallows
+    its own cancellation and fetches on forever (aio-libs/aiokafka#983, #1007). The hub reassigns when
+    an agent leaves, just before the last one stops it. Cancel that routine again until it ends."""
+    stopping = asyncio.ensure_future(consumer.stop())
+    while not (await asyncio.wait({stopping}, timeout=1.0))[0]:
+        routine = getattr(getattr(consumer, "_fetcher", None), "_fetch_task", None)
+        if routine is not None and not routine.done():
+            log.warning("the inbox reader's fetch routine did not stop when cancelled; cancelling it again")
+            routine.cancel()
+    stopping.result()
+
+
 class InboxHub:
     """The shared producer, registry feed and inbox reader of the clients with one ``hub_key``."""
 
@@ -169,7 +183,7 @@ class InboxHub:
             self._reader.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self.consumer is not None:
-            await self.consumer.stop()
+            await stop_consumer(self.consumer)
         if self.producer is not None:
             await self.producer.stop()
         if self.feed is not None:

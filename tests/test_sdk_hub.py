@@ -345,3 +345,21 @@ async def test_a_client_started_while_the_reader_runs_gets_every_outcome(kafka_s
         await busy.close()
     assert acquired > 0
     assert busy.forged_messages == 0
+
+
+async def test_the_last_client_to_leave_right_after_a_reassignment_closes_the_hub(kafka_settings: Settings) -> None:
+    """aiokafka's ``consumer.stop()`` right after ``assign`` changed could hang for good (its fetch
+    routine swallowed its own cancellation); the hub's ``stop_consumer`` always ends."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    inbox = kafka_settings.topics.agent_inbox
+    for turn in range(30):
+        consumer = AIOKafkaConsumer(bootstrap_servers=kafka_settings.bootstrap, group_id=None,
+                                    enable_auto_commit=False)
+        await consumer.start()
+        consumer.assign([TopicPartition(inbox, 0), TopicPartition(inbox, 1)])
+        await consumer.getmany(timeout_ms=50)
+        consumer.assign([TopicPartition(inbox, 0)])  # what a leaving agent's hub does
+        for _ in range(turn % 4):
+            await asyncio.sleep(0)
+        await asyncio.wait_for(hubs.stop_consumer(consumer), WAIT_S)

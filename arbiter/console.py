@@ -10,6 +10,8 @@ from pydantic import ValidationError
 
 from contract.settings import Settings, load_settings
 
+from .localkafka import local_cluster_settings
+
 
 def fail(message: str, detail: str = "") -> NoReturn:
     """Print ``error: message`` (and ``detail``) on stderr and exit 1."""
@@ -20,12 +22,19 @@ def fail(message: str, detail: str = "") -> NoReturn:
 
 
 def settings_of(ctx: click.Context) -> Settings:
-    """The settings the command line, the environment and the defaults give; a clear error if invalid."""
+    """The settings the command line, the environment and the defaults give; a clear error if invalid.
+
+    With no bootstrap given (``--bootstrap``, ``ARBITER_BOOTSTRAP``), when the home holds a local
+    cluster of several nodes (``arbiter kafka up --nodes 3``), its bootstrap list and replication
+    factor 3 (unless ``ARBITER_REPLICATION_FACTOR`` says otherwise).
+    """
+    given = ctx.find_root().obj or {}
     try:
-        return load_settings(**(ctx.find_root().obj or {}))
+        settings = load_settings(**given)
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg']}" for e in exc.errors())
         fail(f"invalid settings: {problems}")
+    return settings if given.get("bootstrap") else local_cluster_settings(settings)
 
 
 def say(message: str) -> None:

@@ -26,8 +26,9 @@ layout stays where it always was (``<home>/kafka/data`` ...). The count is writt
 ``reset`` and a later plain ``up`` act on every node; asking for another count on
 existing data is an error that names ``arbiter kafka reset``. With three nodes or more,
 internal topics get replication factor 3, ``min.insync.replicas`` is 2 (so is
-``transaction.state.log.min.isr``), and a dead node is fenced after 3 s without
-heartbeats (``broker.session.timeout.ms``; Kafka's default is 9 s), so its partitions'
+``transaction.state.log.min.isr``), and a dead node is fenced after 2 s without
+heartbeats (``broker.session.timeout.ms``; Kafka's default is 9 s) and a dead active
+controller replaced within 1.5 s (quorum fetch and election timeouts), so its partitions'
 leadership moves within seconds. ``up`` also restarts the nodes of a cluster that are
 down (their data kept) and waits until every node answers and sees all N brokers.
 ``local_cluster_settings`` gives the settings that reach such a cluster (its bootstrap
@@ -276,9 +277,10 @@ class Node:
 
 MAX_NODES = 9
 
-BROKER_SESSION_TIMEOUT_MS = 3000
-"""A cluster's controllers fence a node this long after its last heartbeat (Kafka: 9 s), and
-its partitions get new leaders: the largest part of a client's wait after a node dies."""
+BROKER_SESSION_TIMEOUT_MS = 2000
+"""A cluster's active controller fences a node this long after its last heartbeat (Kafka: 9 s): its
+partitions get new leaders and its replicas leave the in-sync sets. The largest part of a client's
+wait after a node dies."""
 
 
 class LocalKafka:
@@ -511,9 +513,15 @@ class LocalKafka:
                 "transaction.state.log.min.isr": in_sync,
                 "default.replication.factor": str(replicas),
                 "min.insync.replicas": in_sync,
-                # A dead node is fenced (and its partitions led elsewhere) after 3 s, not 9.
+                # A dead node is fenced (and its partitions led elsewhere, its replicas dropped from
+                # the in-sync sets acks=all waits for) after 2 s, not 9; when it was the active
+                # controller, the others elect a new one within 1.5 s, not 3 (the new one then gives
+                # every broker a fresh session).
                 "broker.session.timeout.ms": str(BROKER_SESSION_TIMEOUT_MS),
-                "broker.heartbeat.interval.ms": str(BROKER_SESSION_TIMEOUT_MS // 6),
+                "broker.heartbeat.interval.ms": str(BROKER_SESSION_TIMEOUT_MS // 4),
+                "controller.quorum.fetch.timeout.ms": "1000",
+                "controller.quorum.election.timeout.ms": "500",
+                "controller.quorum.election.backoff.max.ms": "500",
             })
         if passwords is None:
             node.config.write_text("".join(f"{k}={v}\n" for k, v in props.items()))

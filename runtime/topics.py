@@ -75,9 +75,11 @@ async def ensure_topics(settings: Settings) -> list[TopicState]:
             ]
             response = await admin.create_topics(new, timeout_ms=15000)
             for name, code, message in _topic_errors(response):
-                if code not in (0, 36):  # 36: TOPIC_ALREADY_EXISTS (a concurrent create)
+                if code == 36:  # TOPIC_ALREADY_EXISTS: a concurrent create, or a broker that had not heard of it
+                    missing.remove(name)
+                elif code != 0:
                     raise TopicError(f"creating {name} failed: error {code} {message or ''}".strip())
-            existing.update(await _wait_for_leaders(admin, missing))
+            existing.update(await _wait_for_leaders(admin, [n for n in wanted if n not in existing]))
         await _align_configs(admin, [n for n in wanted if n not in missing and n != settings.topics.registry])
         wrong = {n: c for n, c in existing.items() if c != settings.partitions}
         if wrong:

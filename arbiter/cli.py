@@ -42,11 +42,14 @@ def main(ctx: click.Context, bootstrap: str | None, kafka_port: int | None, home
 
 @main.group()
 def kafka() -> None:
-    """Run a local Apache Kafka broker (KRaft, single node) from Maven Central jars."""
+    """Run a local Apache Kafka broker (KRaft: one node, or a cluster on loopback) from Maven Central jars."""
 
 
-def _local(ctx: click.Context) -> LocalKafka:
-    return LocalKafka(settings_of(ctx), say=say)
+def _local(ctx: click.Context, nodes: int | None = None) -> LocalKafka:
+    try:
+        return LocalKafka(settings_of(ctx), say=say, nodes=nodes)
+    except LocalKafkaError as exc:
+        fail(str(exc))
 
 
 @kafka.command("up")
@@ -56,14 +59,25 @@ def _local(ctx: click.Context) -> LocalKafka:
                    "(arbiter-admin, arbiter-worker, arbiter-agent; passwords in <home>/secure/credentials.json). "
                    "--plain: no authentication. Default: the mode the broker's data was made in (plain when new). "
                    "Switching mode needs 'arbiter kafka reset' first.")
+@click.option("--nodes", type=click.IntRange(1, 9), default=None,
+              help="How many KRaft nodes (broker and controller each) to run on 127.0.0.1; node i uses ports "
+                   "ARBITER_KAFKA_PORT + 2(i-1) and ARBITER_KAFKA_CONTROLLER_PORT + 2(i-1). 3: replication factor 3, "
+                   "min.insync.replicas 2. Default: the count the data was made with (1 when new). Changing it "
+                   "needs 'arbiter kafka reset' first. Not with --secure.")
 @click.pass_context
-def kafka_up(ctx: click.Context, timeout: float, secure: bool | None) -> None:
-    """Start the local broker (fetches it the first time; harmless when it runs)."""
-    local = _local(ctx)
+def kafka_up(ctx: click.Context, timeout: float, secure: bool | None, nodes: int | None) -> None:
+    """Start the local broker, or every node of the local cluster that is down (fetches it the first
+    time; harmless when it runs)."""
+    local = _local(ctx, nodes)
     try:
         click.echo(f"kafka: {local.up(timeout, secure=secure)}")
     except LocalKafkaError as exc:
         fail(str(exc), exc.log_tail)
+    if local.nodes > 1:
+        click.echo(f"kafka: a cluster of {local.nodes} nodes: bootstrap {local.bootstrap}, replication factor "
+                   f"{local.replication_factor}, min.insync.replicas {2 if local.replication_factor >= 3 else 1}. "
+                   "arbiter commands with this home use it when no --bootstrap is given; elsewhere:")
+        click.echo(f"export ARBITER_BOOTSTRAP={local.bootstrap} ARBITER_REPLICATION_FACTOR={local.replication_factor}")
     if local.mode() == "secure":
         click.echo("kafka: clients connect with ARBITER_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT, "
                    "ARBITER_KAFKA_USERNAME=<principal> and ARBITER_KAFKA_PASSWORD=<its password from "
@@ -73,7 +87,7 @@ def kafka_up(ctx: click.Context, timeout: float, secure: bool | None) -> None:
 @kafka.command("down")
 @click.pass_context
 def kafka_down(ctx: click.Context) -> None:
-    """Stop the local broker cleanly; its data stays."""
+    """Stop the local broker (every node of a cluster) cleanly; its data stays."""
     click.echo(f"kafka: {_local(ctx).down()}")
 
 
@@ -81,22 +95,28 @@ def kafka_down(ctx: click.Context) -> None:
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
 def kafka_reset(ctx: click.Context, yes: bool) -> None:
-    """Stop the local broker and delete every message it holds."""
+    """Stop the local broker (every node) and delete every message it holds; then any --nodes may start."""
     local = _local(ctx)
     if not yes:
-        click.confirm(f"Delete all Kafka data in {local.data}?", abort=True)
+        where = local.data if local.nodes == 1 else local.root / "nodes" / "*" / "data"
+        click.confirm(f"Delete all Kafka data in {where}?", abort=True)
     click.echo(f"kafka: {local.reset()}")
 
 
 @kafka.command("status")
 @click.pass_context
 def kafka_status(ctx: click.Context) -> None:
-    """Say whether the local broker runs and answers. Exit 1 when it does not."""
+    """Say whether the local broker (every node) runs and answers. Exit 1 when it does not."""
     local = _local(ctx)
-    pid = local.pid()
     answers = local.answers()
-    click.echo(f"kafka: {f'running (pid {pid})' if pid else 'not running'}; "
-               f"{local.bootstrap} {'answers' if answers else 'does not answer'}")
+    if local.nodes == 1:
+        pid = local.pid()
+        running = f"running (pid {pid})" if pid else "not running"
+    else:
+        running = f"{local.nodes} nodes: " + ", ".join(f"{i} running (pid {pid})" if pid else f"{i} not running"
+                                                       for i, pid in local.pids().items())
+    verdict = "answers" if answers else "does not answer"
+    click.echo(f"kafka: {running}; {local.bootstrap} {verdict if local.nodes == 1 else verdict + ' as a whole'}")
     sys.exit(0 if answers else 1)
 
 
@@ -358,10 +378,12 @@ def lock_status(ctx: click.Context, resource: str, agent: str | None, all_tokens
 
 def _register_late_commands() -> None:
     from .audit.cli import COMMANDS
+    from .chaos import chaos
     from .demo import demo
     from .identitycli import agents, saga
 
     main.add_command(demo)
+    main.add_command(chaos)
     main.add_command(agents)
     main.add_command(saga)
     for command in COMMANDS:

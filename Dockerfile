@@ -1,4 +1,4 @@
-# The Arbiter worker image used by docker-compose.yml.
+# The Arbiter image used by docker-compose.yml (the worker; also `arbiter serve`, the front door).
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
@@ -8,6 +8,7 @@ COPY shells ./shells
 COPY tools ./tools
 COPY runtime ./runtime
 COPY agents ./agents
+COPY door ./door
 COPY arbiter ./arbiter
 COPY broker ./broker
 RUN pip install --no-cache-dir .

@@ -411,6 +411,7 @@ class NodeSession:
                                      text=True)
         self.lines: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.seen: list[dict[str, Any]] = []
+        self.unclaimed: list[dict[str, Any]] = []
         threading.Thread(target=self._pump, daemon=True).start()
 
     def _pump(self) -> None:
@@ -425,7 +426,11 @@ class NodeSession:
         self.proc.stdin.flush()
 
     def expect(self, what: str, matches: Callable[[dict[str, Any]], bool], timeout: float = 15.0) -> dict[str, Any]:
-        """The next line that ``matches`` (earlier ones are kept in ``seen``)."""
+        """The first line not yet claimed that ``matches``: the session's events and the HTTP answers
+        race each other, so a line printed before the one awaited waits in ``unclaimed``."""
+        for i, line in enumerate(self.unclaimed):
+            if matches(line):
+                return self.unclaimed.pop(i)
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -440,6 +445,7 @@ class NodeSession:
             self.seen.append(line)
             if matches(line):
                 return line
+            self.unclaimed.append(line)
 
     def reply(self, frame_id: int, timeout: float = 15.0) -> dict[str, Any]:
         return self.expect(f"answer to frame {frame_id}",

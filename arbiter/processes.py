@@ -17,6 +17,18 @@ if TYPE_CHECKING:
     from agents import ArbiterClient
 
 
+def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> int:
+    """SIGTERM, then SIGKILL after ``timeout``; the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
 @dataclass
 class WorkerProcess:
     """One ``arbiter worker`` child process, logging to a file."""
@@ -27,14 +39,7 @@ class WorkerProcess:
 
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM, then SIGKILL after ``timeout``. Returns the exit code."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
+        return _terminate(self.proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL: a crash, for failover tests."""
@@ -177,14 +182,7 @@ class DoorProcess:
 
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM (sessions are told to resume elsewhere), then SIGKILL after ``timeout``."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode if self.proc is not None else 0
+        return _terminate(self.proc, timeout) if self.proc is not None else 0
 
     def kill(self) -> None:
         """SIGKILL: a crashed door."""

@@ -38,8 +38,14 @@ Rules
   never waits on itself. The book keeps each waiter's edge set and emits
   ``WaitEdgeAdded``/``WaitEdgeRemoved`` for the waiters a change reaches, which a hand-off
   keeps to O(1): the cost of a decision does not grow with the queue.
-- Idempotence: a command whose ``request_id`` was decided before (remembered in a
-  bounded window, plus every live holder and waiter) produces no events at all.
+- Idempotence: a request id belongs to the identity that sent it (an agent; the operator or
+  the detector for a revoke). A command whose (request id, sender) was decided before,
+  refusals included (remembered in a bounded window, plus every live holder and waiter),
+  produces no events at all; another sender's command with a remembered id is refused
+  ``request_id_taken``. An id's send time is recorded once, by its first answer.
+- Cost: a decision changes the book in place and touches only what it changes. ``decide``
+  (and a processor that must be able to drop a failed input) records how to undo each change
+  (``LeaseBook.begin``), so nothing is copied whole, whatever the queue's length.
 - Refusals are ``LockDenied`` events with a stable reason code and a JSON detail an
   LLM can act on. Nothing here raises for bad input.
 """
@@ -48,6 +54,7 @@ from __future__ import annotations
 
 import bisect
 import copy
+import functools
 import heapq
 import json
 from collections.abc import Callable
@@ -177,6 +184,24 @@ class Waiter:
     blockers: tuple[str, ...] = ()
 
 
+IdKey = tuple[str, str]
+"""(request id, sender): what the id memory remembers."""
+
+
+@dataclass(slots=True)
+class _Journal:
+    """How to put a book back as it was when ``LeaseBook.begin`` was called."""
+
+    scalars: tuple[int, int, int, int | None]
+    holders: dict[int, Lease] | None = None
+    """The holders as they were, saved at their first change (a decision changes few of them)."""
+    steps: list[Callable[[], None]] = field(default_factory=list)
+    """Undo steps of the queue, the waiters' edges, the deadline heap and the id memory, oldest first."""
+    inserted: set[IdKey] = field(default_factory=set)
+    evicted: list[tuple[IdKey, int, bool]] = field(default_factory=list)
+    """Ids forgotten, oldest first: (key, send time, whether it was its id's owner)."""
+
+
 @dataclass(slots=True)
 class LeaseBook:
     """Everything Arbiter knows about one resource's leases."""
@@ -188,8 +213,11 @@ class LeaseBook:
     holders: dict[int, Lease] = field(default_factory=dict)
     queue: list[Waiter] = field(default_factory=list)
     """Waiters in grant order: higher priority first, then by arrival (``seq``)."""
-    seen: dict[str, tuple[int, str]] = field(default_factory=dict)
-    """Request ids decided, in decision order: id -> (when its command was sent, its agent)."""
+    seen: dict[IdKey, int] = field(default_factory=dict)
+    """(request id, sender) decided, in decision order -> when its command was sent."""
+    owners: dict[str, str] = field(default_factory=dict)
+    """request id -> the sender of its first decision ("" in a book written before senders were
+    recorded for cancels and revokes: any sender's command with that id is a repeat)."""
     forgotten_sent_ms: int | None = None
     """The latest send time of an id forgotten early (over ``max_remembered_ids``): nothing sent
     at or before it is decided any more, so a forgotten id can never be decided again."""
@@ -200,6 +228,8 @@ class LeaseBook:
     """agent id -> its waiter (an agent waits at most once per resource)."""
     deadlines: list[tuple[int, int, str]] = field(default_factory=list)
     """A heap of (wait deadline, seq, request id); entries of waiters gone are skipped lazily."""
+    journal: _Journal | None = field(default=None, compare=False, repr=False)
+    """While recording (``begin``): how to undo what changed since."""
 
     def index(self) -> LeaseBook:
         """Rebuild the derived indexes from ``queue``."""
@@ -209,6 +239,40 @@ class LeaseBook:
         heapq.heapify(self.deadlines)
         return self
 
+    def begin(self) -> Callable[[], None]:
+        """Record every change from now until ``end``; the function returned undoes them all.
+
+        The undo is exact (the same holders in the same order, the same queue, edges and id
+        memory), and its record costs what the changes cost: a book is never copied whole."""
+        assert self.journal is None, "a book records one decision at a time"
+        journal = self.journal = _Journal((self.last_token, self.clock_ms, self.seq, self.forgotten_sent_ms))
+
+        def undo() -> None:
+            for step in reversed(journal.steps):
+                step()
+            if journal.holders is not None:
+                self.holders = journal.holders
+            self.last_token, self.clock_ms, self.seq, self.forgotten_sent_ms = journal.scalars
+            if journal.evicted:
+                back = [(key, sent, owner) for key, sent, owner in journal.evicted if key not in journal.inserted]
+                self.seen = {**{key: sent for key, sent, _owner in back}, **self.seen}
+                for (request_id, sender), _sent, owner in back:
+                    if owner:
+                        self.owners[request_id] = sender
+            journal.steps.clear()
+            journal.evicted.clear()
+
+        return undo
+
+    def end(self) -> None:
+        """Stop recording (the undo ``begin`` returned stays valid until the book changes again)."""
+        self.journal = None
+
+    def _changing_holders(self) -> None:
+        journal = self.journal
+        if journal is not None and journal.holders is None:
+            journal.holders = dict(self.holders)
+
     def next_wait_deadline(self) -> int | None:
         """The earliest deadline of a waiter still queued."""
         heap = self.deadlines
@@ -217,7 +281,9 @@ class LeaseBook:
             waiter = self.queued.get(request_id)
             if waiter is not None and waiter.deadline_ms == deadline:
                 return deadline
-            heapq.heappop(heap)  # a waiter that has left the queue
+            entry = heapq.heappop(heap)  # a waiter that has left the queue
+            if self.journal is not None:
+                self.journal.steps.append(functools.partial(heapq.heappush, heap, entry))
         return None
 
     def next_deadline(self) -> int | None:
@@ -231,14 +297,18 @@ class LeaseBook:
     def copy(self) -> LeaseBook:
         """An independent copy (leases are immutable and shared; waiters are copied)."""
         return LeaseBook(self.resource, self.last_token, self.clock_ms, self.seq, dict(self.holders),
-                         [copy.copy(w) for w in self.queue], dict(self.seen), self.forgotten_sent_ms).index()
+                         [copy.copy(w) for w in self.queue], dict(self.seen), dict(self.owners),
+                         self.forgotten_sent_ms).index()
 
     def is_idle(self) -> bool:
         """No holders and no waiters (the token counter still matters)."""
         return not self.holders and not self.queue
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly snapshot (the table's changelog format)."""
+        """A JSON-friendly snapshot (the table's changelog format). An id memory row is
+        ``[request id, sent, sender]`` for the id's owner, with a fourth element ``1`` for another
+        sender's command that was refused with that id."""
+        owners = self.owners
         return {
             "resource": self.resource,
             "last_token": self.last_token,
@@ -253,13 +323,21 @@ class LeaseBook:
                  w.saga_id, list(w.blockers)]
                 for w in self.queue
             ],
-            "seen": [[request_id, sent, agent] for request_id, (sent, agent) in self.seen.items()],
+            "seen": [[request_id, sent, sender] if owners.get(request_id) == sender else [request_id, sent, sender, 1]
+                     for (request_id, sender), sent in self.seen.items()],
             "forgotten_sent_ms": self.forgotten_sent_ms,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LeaseBook:
         """Inverse of ``to_dict``."""
+        seen: dict[IdKey, int] = {}
+        owners: dict[str, str] = {}
+        for row in data["seen"]:
+            if isinstance(row, list):
+                seen[(row[0], row[2])] = row[1]
+                if len(row) == 3:
+                    owners.setdefault(row[0], row[2])
         return cls(
             resource=data["resource"],
             last_token=data["last_token"],
@@ -269,16 +347,10 @@ class LeaseBook:
             queue=[
                 Waiter(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], tuple(w[9])) for w in data["queue"]
             ],
-            seen={row[0]: (row[1], row[2]) for row in data["seen"] if isinstance(row, list)},
+            seen=seen,
+            owners=owners,
             forgotten_sent_ms=data.get("forgotten_sent_ms"),
         ).index()
-
-
-def _view(book: LeaseBook) -> LeaseBook:
-    """A scratch copy for ``decide`` to fold into (the id memory is read, never written, there)."""
-    view = book.copy()
-    view.seen = book.seen
-    return view
 
 
 # -- evolve -----------------------------------------------------------------------
@@ -291,16 +363,22 @@ def _unqueue(book: LeaseBook, request_id: str) -> int:
         return -1
     book.waiting.pop(waiter.agent_id, None)
     queue = book.queue
-    if queue[0] is waiter:  # the common case: the head is granted
-        del queue[0]
-        return 0
-    position = queue.index(waiter)  # identity (waiters compare by identity)
+    position = 0 if queue[0] is waiter else queue.index(waiter)  # identity (waiters compare by identity)
     del queue[position]
+    if book.journal is not None:
+        book.journal.steps.append(lambda: _requeue(book, waiter, position))
     return position
+
+
+def _requeue(book: LeaseBook, waiter: Waiter, position: int) -> None:
+    book.queue.insert(position, waiter)
+    book.queued[waiter.request_id] = waiter
+    book.waiting[waiter.agent_id] = waiter
 
 
 def _granted(book: LeaseBook, event: Any) -> None:
     _unqueue(book, event.request_id)
+    book._changing_holders()
     book.holders[event.token] = Lease(
         event.token, event.agent_id, event.request_id, event.mode,
         event.expires_at_ms - event.decided_at_ms, event.expires_at_ms,
@@ -312,24 +390,39 @@ def _granted(book: LeaseBook, event: Any) -> None:
 def _edge_changed(book: LeaseBook, event: Any) -> None:
     waiter = book.waiting.get(event.waiter)
     if waiter is not None and event.edge_id == _edge_id(book.resource, waiter, event.holder):
+        before = waiter.blockers
         if type(event) is WaitEdgeAdded:
-            if event.holder not in waiter.blockers:
-                waiter.blockers = tuple(sorted((*waiter.blockers, event.holder)))
+            if event.holder not in before:
+                waiter.blockers = tuple(sorted((*before, event.holder)))
         else:
-            waiter.blockers = tuple(b for b in waiter.blockers if b != event.holder)
+            waiter.blockers = tuple(b for b in before if b != event.holder)
+        if book.journal is not None and waiter.blockers != before:
+            book.journal.steps.append(lambda: setattr(waiter, "blockers", before))
 
 
 def _queued(book: LeaseBook, event: Any) -> None:
     book.seq += 1
     waiter = Waiter(event.request_id, event.agent_id, event.mode, event.ttl_ms, event.priority, book.seq,
                     event.wait_deadline_ms, event.decided_at_ms, event.saga_id)
-    bisect.insort_right(book.queue, waiter, key=_rank)
+    queue = book.queue
+    position = bisect.bisect_right(queue, _rank(waiter), key=_rank)
+    queue.insert(position, waiter)
     book.queued[waiter.request_id] = waiter
     book.waiting[waiter.agent_id] = waiter
+    # (Undone, the heap keeps this entry: it names a waiter no longer queued, skipped lazily.)
     heapq.heappush(book.deadlines, (waiter.deadline_ms, waiter.seq, waiter.request_id))
+    if book.journal is not None:
+        book.journal.steps.append(lambda: _unqueued(book, waiter, position))
+
+
+def _unqueued(book: LeaseBook, waiter: Waiter, position: int) -> None:
+    del book.queue[position]
+    del book.queued[waiter.request_id]
+    del book.waiting[waiter.agent_id]
 
 
 def _renewed(book: LeaseBook, event: Any) -> None:
+    book._changing_holders()
     lease = book.holders[event.token]
     book.holders[event.token] = replace(
         lease, expires_at_ms=event.expires_at_ms, ttl_ms=event.expires_at_ms - event.decided_at_ms
@@ -337,7 +430,9 @@ def _renewed(book: LeaseBook, event: Any) -> None:
 
 
 def _ended(book: LeaseBook, event: Any) -> None:
-    book.holders.pop(event.token, None)
+    if event.token in book.holders:
+        book._changing_holders()
+        del book.holders[event.token]
 
 
 def _left(book: LeaseBook, event: Any) -> None:
@@ -385,30 +480,61 @@ def _stamp(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
 
 
 def _remember(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
-    """Record the request id an event answers, and forget ids whose window has passed."""
+    """Record the (request id, sender) an event answers, and forget ids whose window has passed."""
     answer = cast(LockCancelled, event)  # one of _ANSWERS: each has these fields but by_request_id
+    kind = type(event)
     sent = answer.request_sent_at_ms
-    by_command = type(event) is LockCancelled or type(event) is LockRevoked
-    by = answer.by_request_id if by_command else None
+    by_command = kind is LockCancelled or kind is LockRevoked
     if sent is None:
-        if by_command:
-            return  # a logged version-1 event: what it answered is not known
+        if by_command or kind is LockGranted:
+            # A grant without a send time is a hand-off: its id was recorded, with its own send time,
+            # by the LockQueued that answered it first (recording it again at the grant's time would
+            # move the floor of forgotten ids to that time). Or it is a logged version-1 event.
+            return
         sent = answer.decided_at_ms  # version 1: the nearest time known
-    request_id = by or answer.request_id
+    if by_command:
+        request_id = answer.by_request_id or answer.request_id
+        sender = answer.by_agent_id or ""  # "" (any sender): written before senders were recorded
+    else:
+        request_id, sender = answer.request_id, answer.agent_id
+    key = (request_id, sender)
     seen = book.seen
-    if request_id in seen:
+    if key in seen:
         return
-    seen[request_id] = (sent, "" if by else answer.agent_id)
+    journal = book.journal
+    seen[key] = sent
+    fresh = request_id not in book.owners
+    if fresh:
+        book.owners[request_id] = sender
+    if journal is not None:
+        journal.inserted.add(key)
+        journal.steps.append(lambda: _unremember(book, key, fresh))
     horizon = book.clock_ms - rules.id_window_ms
     while seen:
         first = next(iter(seen))
-        if seen[first][0] >= horizon:
+        if seen[first] >= horizon:
             break
-        del seen[first]  # sent before the window: refused as expired from now on
+        _forget(book, first)  # sent before the window: refused as expired from now on
     while len(seen) > rules.max_remembered_ids:
-        first = next(iter(seen))
-        sent_before = seen.pop(first)[0]
+        sent_before = _forget(book, next(iter(seen)))
         book.forgotten_sent_ms = max(book.forgotten_sent_ms or sent_before, sent_before)
+
+
+def _unremember(book: LeaseBook, key: IdKey, fresh: bool) -> None:
+    book.seen.pop(key, None)
+    if fresh and book.owners.get(key[0]) == key[1]:
+        del book.owners[key[0]]
+
+
+def _forget(book: LeaseBook, key: IdKey) -> int:
+    """Forget one remembered id (the oldest); its send time."""
+    sent = book.seen.pop(key)
+    owner = book.owners.get(key[0]) == key[1]
+    if owner:
+        del book.owners[key[0]]
+    if book.journal is not None:
+        book.journal.evicted.append((key, sent, owner))
+    return sent
 
 
 def evolve(book: LeaseBook, event: LockEvent, rules: LeaseRules | None = None) -> LeaseBook:
@@ -719,7 +845,8 @@ def _cancel(d: _Decision, cmd: LockCancelRequested) -> None:
         return
     d.leave(waiter, trusted(LockCancelled, request_id=waiter.request_id, agent_id=waiter.agent_id,
                                   resource=d.view.resource, reason=Reason.CANCELLED_BY_AGENT.value,
-                                  by_request_id=cmd.request_id, request_sent_at_ms=d.sent, decided_at_ms=d.now,
+                                  by_request_id=cmd.request_id, by_agent_id=cmd.agent_id,
+                                  request_sent_at_ms=d.sent, decided_at_ms=d.now,
                                   cause=d.cause))
     d.hand_off()
 
@@ -730,15 +857,19 @@ def _revoke(d: _Decision, cmd: LockRevokeRequested) -> None:
     waiting = d.view.waiting.get(cmd.agent_id)
     waiters = [waiting] if waiting is not None and cmd.token is None else []
     if not leases and not waiters:
-        d.deny(cmd.request_id, cmd.agent_id, Reason.NOTHING_TO_REVOKE, {"you_sent": {"token": cmd.token}})
+        # Refused to whoever sent it (an operator, the detector): it is their request id.
+        d.deny(cmd.request_id, cmd.requested_by, Reason.NOTHING_TO_REVOKE,
+               {"you_sent": {"agent_id": cmd.agent_id, "token": cmd.token}})
         return
     for lease in leases:
         d.emit(trusted(LockRevoked, request_id=lease.request_id, agent_id=lease.agent_id, resource=d.view.resource,
                            token=lease.token, reason=cmd.reason, by_request_id=cmd.request_id,
+                           by_agent_id=cmd.requested_by,
                            request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause))
     for waiter in waiters:
         d.leave(waiter, trusted(LockCancelled, request_id=waiter.request_id, agent_id=waiter.agent_id,
                                       resource=d.view.resource, reason=cmd.reason, by_request_id=cmd.request_id,
+                                      by_agent_id=cmd.requested_by,
                                       request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause))
     d.hand_off()
 
@@ -759,33 +890,62 @@ def _run(view: LeaseBook, command: LockCommand, now_ms: int, cause: Cause, rules
         if view.holders or view.queue:
             d.advance_time()
         return d.events
-    prior = view.seen.get(command.request_id)
-    if prior is not None and prior[1] in ("", command.agent_id):
+    sender = _sender(command)
+    request_id = command.request_id
+    taken = _taken(view, request_id, sender)
+    if taken is None:
         return []  # decided before: a request id has one decision, ever
     d = _Decision(view, max(now_ms, view.clock_ms), cause, version, command.sent_at_ms, rules.hide_tokens)
     if view.holders or view.queue:
         d.advance_time()
-    if prior is not None:
-        d.deny(command.request_id, command.agent_id, Reason.REQUEST_ID_TAKEN,
-               {"you_sent": {"request_id": command.request_id}})
+    if taken:
+        d.deny(request_id, sender, Reason.REQUEST_ID_TAKEN, {"you_sent": {"request_id": request_id}})
         return d.events
     problem = _id_problem(view, command, d.now, rules)
     if problem is not None:
-        d.deny(command.request_id, command.agent_id, *problem)
+        d.deny(request_id, sender, *problem)
         return d.events
     _HANDLERS[type(command)](d, command, rules)
     return d.events
+
+
+def _sender(command: LockCommand) -> str:
+    """Whose request id a command's is: its agent's; an operator's or the detector's for a revoke."""
+    return command.requested_by if isinstance(command, LockRevokeRequested) else command.agent_id  # type: ignore[union-attr]
+
+
+def _taken(book: LeaseBook, request_id: str, sender: str) -> bool | None:
+    """None: ``sender``'s command with ``request_id`` was decided before (it is remembered, or it is a
+    live waiter or holder); True: another sender's was; False: the id is free."""
+    if (request_id, sender) in book.seen:
+        return None
+    owner = book.owners.get(request_id)
+    if owner == "":
+        return None  # recorded before senders were (a cancel's or revoke's id): any sender's is a repeat
+    waiter = book.queued.get(request_id)
+    if waiter is not None:
+        return None if waiter.agent_id == sender else True
+    for lease in book.holders.values():
+        if lease.request_id == request_id:
+            return None if lease.agent_id == sender else True
+    return owner is not None
 
 
 def decide(
     book: LeaseBook, command: LockCommand, now_ms: int, cause: Cause, rules: LeaseRules = DEFAULT_RULES,
     version: int = 0,
 ) -> list[LockEvent]:
-    """The events ``command`` causes on ``book`` at ``now_ms`` (the book is not changed).
+    """The events ``command`` causes on ``book`` at ``now_ms`` (the book is not changed: the decision
+    folds into it and is undone, at the cost of what it changed, never of a copy).
 
     ``version`` is the resource's content version (the gateway's), reported in grants.
     """
-    return _run(_view(book), command, now_ms, cause, rules, version)
+    undo = book.begin()
+    try:
+        return _run(book, command, now_ms, cause, rules, version)
+    finally:
+        book.end()
+        undo()
 
 
 def step(

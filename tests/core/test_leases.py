@@ -53,10 +53,20 @@ class Harness:
         before = self.book.to_dict()
         events = decide(self.book, command, now, cause, self.rules)
         assert self.book.to_dict() == before, "decide must not change the book"
+        assert_indexed(self.book)
         for event in events:
             evolve(self.book, event, self.rules)
+        # A step that is undone (an input the processor quarantines) leaves the book exactly as it was.
+        shadow_before = self.shadow.to_dict()
+        undo = self.shadow.begin()
+        assert step(self.shadow, command, now, cause, self.rules) == events
+        self.shadow.end()
+        undo()
+        assert self.shadow.to_dict() == shadow_before, "an undone step must leave the book as it was"
+        assert_indexed(self.shadow)
         assert step(self.shadow, command, now, cause, self.rules) == events
         assert self.shadow.to_dict() == self.book.to_dict()
+        assert_indexed(self.shadow)
         assert LeaseBook.from_dict(json.loads(json.dumps(self.book.to_dict()))).to_dict() == self.book.to_dict()
         return events
 
@@ -81,6 +91,15 @@ class Harness:
 
     def tick(self, now: int) -> list[LockEvent]:
         return self.send(LockTick(tick_id=self.rid(), partition=0, sent_at_ms=0), now)
+
+
+def assert_indexed(book: LeaseBook) -> None:
+    """The derived indexes agree with the queue, and every waiter's deadline is in the heap."""
+    assert book.queued == {w.request_id: w for w in book.queue}
+    assert book.waiting == {w.agent_id: w for w in book.queue}
+    heap = set(book.deadlines)
+    assert all((w.deadline_ms, w.seq, w.request_id) in heap for w in book.queue)
+    assert all((request_id, owner) in book.seen for request_id, owner in book.owners.items())
 
 
 def only(events: list[LockEvent], kind: type) -> list[Any]:
@@ -351,3 +370,67 @@ def test_a_refusal_names_other_agents_leases_without_their_tokens_when_tokens_ar
         holders = {x["agent_id"]: x for x in json.loads(denied.detail)["current"]["holders"]}
         assert ("token" in holders["alice"]) is not hide, holders  # never another agent's token
         assert holders["carol"]["token"] == 2, holders  # the refused agent sees its own
+
+
+# -- the id memory: an id is its sender's, a refusal is an answer, a send time is recorded once --
+
+
+def test_a_cancels_and_a_revokes_id_belongs_to_its_sender() -> None:
+    h = Harness()
+    h.acquire("holder", 0)
+    h.acquire("waiter", 1, wait=60_000)
+    (waiter,) = h.book.queue
+    h.send(LockCancelRequested(request_id="cancel-1", agent_id="waiter", resource=RES,
+                               target_request_id=waiter.request_id, sent_at_ms=0), 2)
+    h.send(LockRevokeRequested(request_id="revoke-1", resource=RES, agent_id="holder", reason="stuck",
+                               requested_by="admin", sent_at_ms=0), 3)
+    for taken in ("cancel-1", "revoke-1"):
+        (denied,) = h.acquire("other", 4, request_id=taken)
+        assert isinstance(denied, LockDenied) and denied.reason == "request_id_taken", taken
+    # The senders' own commands, sent again, are repeats: no second decision.
+    assert h.send(h.sent[2], 5, as_sent=True) == []
+    assert h.send(h.sent[3], 5, as_sent=True) == []
+
+
+def test_a_refusal_is_remembered_so_its_redelivery_is_never_decided() -> None:
+    h = Harness(LeaseRules(max_remembered_ids=3))
+    (granted,) = h.acquire("owner", 0, request_id="x")
+    h.release("owner", granted.token, 1)
+    (denied,) = h.acquire("taker", 2, request_id="x")
+    assert denied.reason == "request_id_taken"
+    refused = h.sent[-1]
+    h.acquire("a", 3)
+    h.release("a", 2, 4)  # the owner's id is forgotten now; the taker's refusal is not
+    assert ("x", "owner") not in h.book.seen and ("x", "taker") in h.book.seen
+    assert h.send(refused, 5, as_sent=True) == [], "the taker was told 'refused': it must never be granted"
+
+
+def test_a_waiter_handed_the_lease_keeps_the_send_time_of_its_request() -> None:
+    h = Harness(LeaseRules(max_remembered_ids=2))
+    (held,) = h.acquire("holder", 0)
+    h.acquire("waiter", 10, wait=60_000)
+    h.acquire("x", 20)  # busy: the holder's id is forgotten
+    h.acquire("y", 30)  # busy: the waiter's id is forgotten while it waits
+    release = LockReleaseRequested(request_id=h.rid(), agent_id="holder", resource=RES, token=held.token,
+                                   sent_at_ms=32)
+    events = h.send(release, 40, as_sent=True)  # the hand-off is decided at 40
+    assert [type(e) for e in events if isinstance(e, LockGranted)] == [LockGranted]
+    h.acquire("z", 50)
+    h.acquire("w", 60)  # everything before is forgotten now
+    assert h.book.forgotten_sent_ms is not None and h.book.forgotten_sent_ms < 40, \
+        "the floor of forgotten ids moved to the hand-off's time"
+    late = LockRequested(request_id=h.rid(), agent_id="late", resource=RES, mode="exclusive", ttl_ms=1000,
+                         wait_ms=0, sent_at_ms=36)
+    (answer,) = h.send(late, 70, as_sent=True)
+    assert isinstance(answer, LockDenied) and answer.reason == "busy", answer
+
+
+def test_a_live_waiters_request_sent_again_is_a_repeat_even_after_its_id_is_forgotten() -> None:
+    h = Harness(LeaseRules(max_remembered_ids=2))
+    h.acquire("holder", 0)
+    h.acquire("waiter", 10, wait=60_000)
+    queued = h.sent[-1]
+    h.acquire("x", 20)
+    h.acquire("y", 30)
+    assert not [k for k in h.book.seen if k[1] == "waiter"]
+    assert h.send(queued, 40, as_sent=True) == [], "a waiter's own request, redelivered, was decided again"

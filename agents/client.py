@@ -53,12 +53,12 @@ from contract import (
     default_codec,
 )
 from contract.clock import now_ms
-from contract.identity import Signer, key_file, read_private_key
+from contract.identity import Signer
 from contract.reasons import Reason, what_to_do
 from contract.settings import Settings, load_settings
 
 from .httptransport import HttpTransport
-from .identities import ensure_identity
+from .identities import ensure_credential
 from .leases import ArbiterError, Lease, LeaseDenied, OnAcquired
 from .outcomes import Outcome, Snapshot
 from .sagas import Saga, SagaAborted, SagaMessage
@@ -92,12 +92,6 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
-def _key_file_api_key(settings: Settings, agent_id: str) -> str:
-    """The API key of ``agent_id``'s key file under the home, if there is one ("" if not)."""
-    path = key_file(settings.home, agent_id)
-    return read_private_key(path, agent_id).api_key() if path.exists() else ""
-
-
 class ArbiterClient:
     """An AI agent's connection to Arbiter. Use as ``async with ArbiterClient(...)``."""
 
@@ -105,9 +99,10 @@ class ArbiterClient:
                  url: str | Sequence[str] | None = None, api_key: str | None = None,
                  signer: Signer | None = None) -> None:
         """``url`` (one front door, a list, or a comma-separated list; default ``ARBITER_URL``) talks to
-        Arbiter through ``arbiter serve`` with ``api_key`` (default ``ARBITER_API_KEY``, else the agent's
-        key file); without one, the client talks to Kafka directly, signing with ``signer`` or the
-        agent's key file. The API is the same either way."""
+        Arbiter through ``arbiter serve`` with ``api_key`` (default ``ARBITER_API_KEY``: a front-door
+        credential from ``arbiter agents api-key NAME``; the agent's own key never goes to a door);
+        without one, the client talks to Kafka directly, signing with ``signer`` or the agent's key
+        file. The API is the same either way."""
         if not agent_id:
             raise ValueError("agent_id must not be empty")
         self.agent_id = agent_id
@@ -116,7 +111,7 @@ class ArbiterClient:
         url = url or self.settings.url or None
         self._transport: Transport
         if url:
-            key = api_key or self.settings.api_key or _key_file_api_key(self.settings, agent_id)
+            key = api_key or self.settings.api_key
             self._transport = HttpTransport(agent_id, url, key, self._on_inbox,
                                             max_message_bytes=2 * self.settings.max_message_bytes)
         else:
@@ -153,7 +148,7 @@ class ArbiterClient:
         """Connect, and start reading this agent's inbox from now on."""
         transport = self._transport
         if isinstance(transport, HttpTransport) and not transport.api_key and self.settings.auto_enroll:
-            transport.api_key = (await ensure_identity(self.settings, self.agent_id)).api_key()
+            transport.api_key = (await ensure_credential(self.settings, self.agent_id)).api_key()
         await self._transport.start()
 
     async def close(self) -> None:
@@ -232,9 +227,12 @@ class ArbiterClient:
         started = time.perf_counter()
         try:
             pong = await self._call(key or f"ping:{ping_id}", Ping(ping_id=ping_id, agent_id=self.agent_id,
-                                                                   sent_at_ms=now_ms()), ping_id, timeout, (Pong,))
+                                                                   sent_at_ms=now_ms()), ping_id, timeout,
+                                    (Pong, LockDenied))
         except ArbiterTimeout:
             raise ArbiterTimeout(f"no Pong within {timeout}s: is a worker running?") from None
+        if isinstance(pong, LockDenied):
+            raise LeaseDenied.from_event(pong)  # refused by the trust gate: unsigned, unknown key, misrouted
         assert isinstance(pong, Pong)
         return PingResult((time.perf_counter() - started) * 1000, pong.worker_id, pong.cause.partition)
 
@@ -565,11 +563,14 @@ class ArbiterClient:
                                   intent_id=intent_id)
 
     async def snapshot(self, resource: str, timeout: float = 10.0) -> Snapshot:
-        """The resource's current version, content hash and live holders."""
+        """The resource's current version, content hash and live holders. A refusal (a resource outside
+        the agent's prefixes: ``forbidden``) raises ``LeaseDenied`` with the JSON diagnostic."""
         request_id = _new_id()
         event = await self._call(resource, SnapshotRequested(
             request_id=request_id, agent_id=self.agent_id, resource=resource, sent_at_ms=now_ms(),
-        ), request_id, timeout, (ResourceSnapshot,))
+        ), request_id, timeout, (ResourceSnapshot, LockDenied))
+        if isinstance(event, LockDenied):
+            raise LeaseDenied.from_event(event)  # e.g. forbidden: the resource is outside the agent's prefixes
         assert isinstance(event, ResourceSnapshot)
         return Snapshot.from_event(event)
 

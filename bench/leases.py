@@ -83,37 +83,120 @@ def core(seconds: float) -> None:
         assert all(book.last_token == n // 1000 and book.is_idle() for book in books.values())
         return done
 
-    def contended(waiters: int) -> Callable[[], int]:
-        """A queue of ``waiters`` on one resource; each round the holder releases (a hand-off to the
-        head) and a new agent queues at the tail, so the queue keeps its length."""
-        rounds = 2_000
-
-        def acquire(i: int, at: int) -> LockRequested:
-            return LockRequested(request_id=f"q{i}", agent_id=f"w{i}", resource="hot", mode="exclusive",
-                                 ttl_ms=600_000, wait_ms=600_000, sent_at_ms=at)
-
-        setup = [acquire(i, 0) for i in range(waiters + 1)]
-        work = [(LockReleaseRequested(request_id=f"x{r}", agent_id=f"w{r}", resource="hot", token=r + 1,
-                                      sent_at_ms=r + 1), acquire(waiters + 1 + r, r + 1)) for r in range(rounds)]
-
-        def run() -> int:
-            book = new_book("hot")
-            for cmd in setup:
-                step(book, cmd, 0, cause)
-            for release, queue_up in work:
-                step(book, release, release.sent_at_ms, cause)
-                step(book, queue_up, queue_up.sent_at_ms, cause)
-            assert book.last_token == rounds + 1 and len(book.queue) == waiters
-            return 2 * rounds
-        return run
-
     cases: list[tuple[str, Callable[[], int]]] = [("uncontended acquire+release", run_uncontended)]
-    cases += [(f"contended, {w} waiter{'s' if w > 1 else ''}: release+queue", contended(w)) for w in (1, 20, 100)]
     for label, fn in cases:
         count, start = 0, time.perf_counter()
         while (elapsed := time.perf_counter() - start) < seconds:
             count += fn()
         print(f"pure core, {label}: {count / elapsed:>10,.0f} decisions/s")
+    queue_cost(seconds)
+
+
+QUEUES = (1, 20, 100, 1000)
+"""Queue lengths the queue-cost benchmark measures."""
+
+
+def _handoffs(waiters: int, rounds: int) -> tuple[list[LockRequested], list[tuple[Any, Any]]]:
+    """A queue of ``waiters`` on one resource, then ``rounds`` of: the holder releases (a hand-off to
+    the head) and a new agent queues at the tail, so the queue keeps its length."""
+    def acquire(i: int, at: int) -> LockRequested:
+        return LockRequested(request_id=f"q{i}", agent_id=f"w{i}", resource="hot", mode="exclusive",
+                             ttl_ms=600_000, wait_ms=600_000, sent_at_ms=at)
+
+    # Each command sent (and decided) 1 ms after the one before: over ``max_remembered_ids`` the id
+    # memory forgets the oldest, and refuses anything sent at or before the last one forgotten.
+    setup = [acquire(i, i) for i in range(waiters + 1)]
+    base = waiters + 1
+    work = [(LockReleaseRequested(request_id=f"x{r}", agent_id=f"w{r}", resource="hot", token=r + 1,
+                                  sent_at_ms=base + 2 * r), acquire(waiters + 1 + r, base + 2 * r + 1))
+            for r in range(rounds)]
+    return setup, work
+
+
+def through_step(waiters: int, rounds: int = 2_000) -> Callable[[], float]:
+    """Decisions/s of ``cores.leases.step`` alone, with ``waiters`` queued (the queue is built untimed)."""
+    cause = Cause(topic="bench", partition=0, offset=0)
+    setup, work = _handoffs(waiters, rounds)
+
+    def run() -> float:
+        book = new_book("hot")
+        for cmd in setup:
+            step(book, cmd, cmd.sent_at_ms, cause)
+        started = time.perf_counter()
+        for release, queue_up in work:
+            step(book, release, release.sent_at_ms, cause)
+            step(book, queue_up, queue_up.sent_at_ms, cause)
+        elapsed = time.perf_counter() - started
+        assert book.last_token == rounds + 1 and len(book.queue) == waiters
+        return 2 * rounds / elapsed
+    return run
+
+
+def through_pipeline(waiters: int, rounds: int = 1_000) -> Callable[[], float]:
+    """Decisions through the whole per-input path a worker takes (``shells.pipeline``: the route
+    check, the resource shell over a table view, the undo record, the encoding of every output),
+    over dict tables, with ``waiters`` queued. No broker, no signatures: the cost that grows, if any,
+    with the queue."""
+    from contract.partitioning import partition_for
+    from contract.settings import Settings
+    from shells import Rules
+    from shells.pipeline import Pipeline, RawInput
+
+    settings = Settings(partitions=4)
+    codec = default_codec()
+    topic = settings.topics.resource_commands
+    partition = partition_for(b"hot", settings.partitions)
+    setup, work = _handoffs(waiters, rounds)
+    offsets = iter(range(10**9))
+
+    def raw(command: Any) -> RawInput:
+        return RawInput(topic, partition, next(offsets), b"hot", None, (), command.sent_at_ms, command)
+
+    inputs = [raw(c) for c in setup], [(raw(a), raw(b)) for a, b in work]
+
+    class _NoTools:
+        def names(self) -> frozenset[str]:
+            return frozenset()
+
+        def parse(self, intent: Any) -> Any:
+            return "none"
+
+        async def run(self, intent: Any, arguments: Any) -> Any:
+            raise AssertionError("no tools here")
+
+    async def run_async() -> float:
+        tables: dict[str, dict[bytes, Any]] = {"books": {}, "contents": {}, "graphs": {}, "sagas": {}}
+        pipeline = Pipeline(Rules(), settings.topics, settings.partitions, tables, _NoTools(), codec, quiet=True)
+        for item in inputs[0]:
+            await pipeline.process(item)
+        started = time.perf_counter()
+        for release, queue_up in inputs[1]:
+            await pipeline.process(release)
+            await pipeline.process(queue_up)
+        elapsed = time.perf_counter() - started
+        book = tables["books"][b"hot"]
+        assert book.last_token == rounds + 1 and len(book.queue) == waiters, (book.last_token, len(book.queue))
+        return 2 * rounds / elapsed
+
+    return lambda: asyncio.run(run_async())
+
+
+def queue_cost(seconds: float) -> dict[str, dict[int, float]]:
+    """Hand-off decisions/s with 1, 20, 100 and 1,000 waiters, through ``step`` and through the pipeline;
+    the figure of each queue length is the best of interleaved rounds (so both see the same machine)."""
+    results: dict[str, dict[int, float]] = {}
+    for label, make in (("pure core (step)", through_step), ("through the shell (pipeline)", through_pipeline)):
+        runs = {w: make(w) for w in QUEUES}
+        best = dict.fromkeys(QUEUES, 0.0)
+        end = time.perf_counter() + seconds * len(QUEUES)
+        while time.perf_counter() < end:
+            for w, fn in runs.items():
+                best[w] = max(best[w], fn())
+        results[label] = best
+        row = ", ".join(f"{w} waiter{'s' if w > 1 else ''} {rate:,.0f}" for w, rate in best.items())
+        print(f"queue cost, hand-off (release + queue), {label}: {row} decisions/s; "
+              f"100 waiters at {best[100] / best[1]:.2f}x and 1,000 at {best[1000] / best[1]:.2f}x of 1 waiter")
+    return results
 
 
 async def grant_latency(rate: float, count: int, **overrides: Any) -> list[float]:

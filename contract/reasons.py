@@ -57,6 +57,7 @@ class Reason(StrEnum):
     TOO_LARGE = "too_large"
     UNSUPPORTED_COMMAND = "unsupported_command"
     KEY_MISMATCH = "key_mismatch"
+    MISROUTED = "misrouted"
     PROCESSOR_FAILED = "processor_failed"
     # The trust boundary (``contract.identity``, ``cores.trust``)
     UNAUTHENTICATED = "unauthenticated"
@@ -112,6 +113,9 @@ WHAT_TO_DO: dict[Reason, str] = {
     Reason.TOO_LARGE: "Send a smaller message, within the configured maximum.",
     Reason.UNSUPPORTED_COMMAND: "Send this record to the topic that carries it.",
     Reason.KEY_MISMATCH: "Key the message by the id it names (the resource, the saga), as the SDK does.",
+    Reason.MISROUTED: "Produce the message to the partition its key hashes to under Kafka's default partitioner "
+                      "(murmur2 of the key bytes, as Kafka's Java client): do not choose a partition yourself. This "
+                      "copy was not decided; a copy on the right partition is decided there.",
     Reason.PROCESSOR_FAILED: "A processor failed on this message (a bug in Arbiter, not in your request): it was "
                              "quarantined with nothing applied. Report it; send a corrected request with a new id.",
     Reason.UNAUTHENTICATED: "The command is unsigned, its signature does not verify, or its key is unknown, rotated "

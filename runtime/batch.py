@@ -6,11 +6,11 @@ One consumer, in the ``app_id`` group, reads the three input topics (resource co
 wait edges, saga commands). ``getmany`` hands back whatever has arrived (a batch is never
 waited for), and each batch goes through four steps under one lock:
 
-1. **Decide.** Every record, partition by partition in log order: decode (dead-letter what
-   does not), pass the trust gate (``shells.trust``), then the topic's shell, over
-   per-input views of the tables (``runtime.deferred``). An input that raises is
-   quarantined: its views are discarded and its outputs dropped, so it leaves nothing
-   half-applied, and it is dead-lettered with ``processor_failed``.
+1. **Decide.** Every record, partition by partition in log order, through the one path
+   every input takes (``shells.pipeline``): decode, the partition its key hashes to, the
+   trust gate, the topic's shell over per-input views of the tables, the encoding of its
+   outputs. A refused input is answered and dead-lettered; one that raises anywhere is
+   quarantined (nothing it caused is kept) and dead-lettered ``processor_failed``.
 2. **Produce** every output of the batch, signed, in decision order.
 3. **Write the changelog**: one record per table key the batch changed (its last value,
    or a tombstone), to the changelog partition of the input partition that changed it.
@@ -43,7 +43,6 @@ import contextlib
 import logging
 import signal
 import time
-import traceback
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -52,25 +51,25 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListen
 from aiokafka.errors import KafkaError
 from aiokafka.structs import ConsumerRecord
 
-from contract import Cause, ContractError, LockTick, Record, WorkerStarted, default_codec
+from contract import ContractError, LockTick, Record, WorkerStarted, default_codec
 from contract.clock import now_ms
-from contract.identity import ACTIVE, ROLE_WORKER, Refused, Registry, Verified, anchors_for, signer_for
+from contract.identity import ACTIVE, ROLE_WORKER, Registry, anchors_for, signer_for
 from contract.kafkaauth import kafka_client_options
 from contract.partitioning import partition_for
 from contract.reasons import Reason
 from contract.registryfeed import RegistryFeed
 from contract.settings import Settings
-from shells import Routes, RowGraphStore, Rules, Shell, ToolRunner, build_shells
-from shells.deadletter import dead_letter
-from shells.trust import Gate, refusal_answers
+from shells import Rules, ToolRunner
+from shells.pipeline import TICK_KEY, Pipeline, RawInput, input_topics, processor_of
+from shells.trust import Gate, LiveTrust
 
-from .common import TABLES, TICK_KEY, TableSpec, default_tools, failpoint, input_topics, worker_id
-from .deferred import DeferredTable
+from .common import TABLES, TableSpec, default_tools, failpoint, worker_id
 from .topics import ensure_changelogs, ensure_topics, group_session_bounds
 
 log = logging.getLogger("arbiter.worker")
 
-Output = tuple[str, bytes, Record]
+Output = tuple[str, bytes, bytes]
+"""(topic, key, encoded value): one record to produce."""
 REPORT_S = 10.0
 BATCH_BYTES = 1024 * 1024
 """Most bytes per produced batch (per partition); a bigger output goes in a batch of its own."""
@@ -140,18 +139,6 @@ class ChangelogTable(MutableMapping[bytes, Any]):
         return out
 
 
-@dataclass
-class _Processor:
-    """One input topic's shell over its tables' views, and the outputs of the input being decided."""
-
-    name: str
-    topic: str
-    shell: Shell
-    views: list[DeferredTable]
-    tables: list[ChangelogTable]
-    outbox: list[Output] = field(default_factory=list)
-
-
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
     def __init__(self, worker: BatchWorker) -> None:
         self.worker = worker
@@ -183,8 +170,12 @@ class BatchWorker:
         self.registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
         self.gate = Gate(self.registry, enabled=settings.verify_signatures)
         self.feed = RegistryFeed(self.registry, settings.topics.registry, settings.bootstrap, self.codec, **self.kafka)
-        self.routes = Routes.of(settings.topics, self.rules.graph_key)
         self.tables = {name: ChangelogTable(spec, spec.changelog(settings.app_id)) for name, spec in TABLES.items()}
+        processors = processor_of(settings.topics)
+        self.inputs = input_topics(settings.topics)
+        self.tables_of = {topic: [t for t in self.tables.values() if t.spec.processor == processors[topic]]
+                          for topic in self.inputs}
+        """Each input topic's tables (their changelog partitions follow the input's)."""
         self.generation = 0
         self.owned: set[TopicPartition] = set()
         self.next: dict[TopicPartition, int] = {}
@@ -200,35 +191,18 @@ class BatchWorker:
         """Outputs under at_least_once; ticks and announcements always (never in a transaction)."""
         self.transactional: dict[TopicPartition, AIOKafkaProducer] = {}
         self.restorer: AIOKafkaConsumer | None = None
-        self.processors = self._build(tools or default_tools(settings))
+        self.pipeline = Pipeline(
+            self.rules, settings.topics, settings.partitions, self.tables, tools or default_tools(settings),
+            self.codec, trust=LiveTrust(self.gate, lambda: self.feed.catch_up(timeout=5.0), now_ms)
+            if settings.verify_signatures else None,
+            worker_id=self.me, generation=lambda: self.generation, after_tool=failpoint(settings),
+            on_detection=lambda d: log.warning("deadlock %s: victim %s, cycle %s", d.detection_id, d.victim,
+                                               " -> ".join(d.cycle)), clock=now_ms)
         self.decided = 0
         self.stats = _Stats()
         self._retries: set[asyncio.Task[None]] = set()
 
     # -- wiring -----------------------------------------------------------------------
-
-    def _build(self, tools: ToolRunner) -> dict[str, _Processor]:
-        settings = self.settings
-        out: dict[str, _Processor] = {}
-        for name, topic in input_topics(settings).items():
-            outbox: list[Output] = []
-
-            async def hold(topic: str, key: bytes, record: Record, outbox: list[Output] = outbox) -> None:
-                outbox.append((topic, key, record))
-
-            views = {store: DeferredTable(table) for store, table in self.tables.items()}
-            shells = build_shells(
-                self.rules, settings.topics, settings.partitions, books=views["books"], contents=views["contents"],
-                graphs=RowGraphStore(views["graphs"], lambda: self.generation), sagas=views["sagas"], tools=tools,
-                send=hold, worker_id=self.me, generation=lambda: self.generation, after_tool=failpoint(settings),
-                on_detection=lambda d: log.warning("deadlock %s: victim %s, cycle %s", d.detection_id, d.victim,
-                                                   " -> ".join(d.cycle)))
-            shell = shells.for_topic(topic)
-            assert shell is not None
-            mine = [store for store, spec in TABLES.items() if spec.processor == name]
-            out[topic] = _Processor(name, topic, shell, views=[views[s] for s in mine],
-                                    tables=[self.tables[s] for s in mine], outbox=outbox)
-        return out
 
     def _producer(self, transactional_id: str | None = None) -> AIOKafkaProducer:
         return AIOKafkaProducer(
@@ -280,7 +254,7 @@ class BatchWorker:
             # then (its session expired), so a longer wait costs a failover nothing.
             rebalance_timeout_ms=max(30_000, round(3 * session * 1000)),
             max_partition_fetch_bytes=2 * settings.max_message_bytes, **self.kafka)
-        self.consumer.subscribe(sorted(self.processors), listener=_Listener(self))
+        self.consumer.subscribe(sorted(self.inputs), listener=_Listener(self))
         await self.consumer.start()
         ticker = asyncio.create_task(self._tick_forever(), name="arbiter-ticks")
         log.info("worker %s started: %s, signatures %s", self.me, settings.processing_guarantee,
@@ -484,81 +458,26 @@ class BatchWorker:
         aiokafka's per-message ``send`` costs more than a decision, and ships tiny requests."""
         batches = _Batches(producer)
         partitions = self.settings.partitions
-        encoded: dict[int, bytes] = {}  # a decision goes to several topics: encode it once
-        messages: list[tuple[str, bytes, bytes]] = []
-        for topic, key, record in outputs:
-            value = encoded.get(id(record))
-            if value is None:
-                value = encoded[id(record)] = self.codec.encode(record)
-            messages.append((topic, key, value))
         # One signature per group of outputs (a Merkle root), not one per output: see Signer.sign_batch.
-        for (topic, key, value), headers in zip(messages, self.signer.sign_batch(messages, now_ms()), strict=True):
+        for (topic, key, value), headers in zip(outputs, self.signer.sign_batch(outputs, now_ms()), strict=True):
             batches.add(topic, partition_for(key, partitions), key, value, headers)
         for tp in tps:
-            for table in self.processors[tp.topic].tables:
+            for table in self.tables_of[tp.topic]:
                 for partition, row, state in table.take_changes({tp.partition}):
                     batches.add(table.topic, partition, row, state, [])
         return await batches.send()
 
     async def _decide(self, message: ConsumerRecord) -> list[Output]:
         """Decide one input; its outputs (answers, events, dead letters), in order."""
-        processor = self.processors[message.topic]
-        cause = Cause(topic=message.topic, partition=message.partition, offset=message.offset)
-        value = bytes(message.value or b"")
-        key: bytes | None = message.key
         self.decided += 1
-        try:
-            record: Record = self.codec.decode(value)
-        except ContractError as error:
-            return [self._dead_letter(message, cause, error, processor.name)]
         # The broker's append time: the same on every redelivery (see cores.leases).
         at_ms = message.timestamp if message.timestamp and message.timestamp > 0 else now_ms()
-        admitted = await self._admit(message, value, record, at_ms)
-        if isinstance(admitted, Refused):
-            return [*refusal_answers(record, admitted, self.routes, at_ms, cause),
-                    self._dead_letter(message, cause, ContractError(admitted.reason, admitted.detail),
-                                      processor.name)]
-        processor.outbox.clear()
-        for table in processor.tables:
-            table.partition = message.partition
-        try:
-            problem = await processor.shell.handle(key, record, at_ms, cause, sender=admitted)
-        except Exception:
-            # A bug, not bad input: quarantine it. Nothing it caused is kept (outputs wait in the
-            # outbox, table writes in the views, and the shells change state copy-on-write), and
-            # the offset moves on, so it is never retried into a crash loop.
-            log.exception("%s processor failed on %s[%d]@%d; quarantined", processor.name, message.topic,
-                          message.partition, message.offset)
-            processor.outbox.clear()
-            for view in processor.views:
-                view.discard()
-            problem = ContractError(Reason.PROCESSOR_FAILED, traceback.format_exc(limit=8)[-1800:])
-        outputs = list(processor.outbox)
-        processor.outbox.clear()
-        for view in processor.views:
-            view.commit()
-        if problem is not None:
-            outputs.append(self._dead_letter(message, cause, problem, processor.name))
-        return outputs
-
-    async def _admit(self, message: ConsumerRecord, value: bytes, record: Record,
-                     at_ms: int) -> Verified | Refused | None:
-        """The gate's verdict; an unknown key is looked up once more in the registry (it may have been
-        registered a moment ago) before it is refused."""
-        if not self.gate.enabled:
-            return None
-        admitted = self.gate.admit(message.topic, message.key, value, message.headers, record, at_ms)
-        if isinstance(admitted, Refused) and admitted.unknown_key:
-            await self.feed.catch_up(timeout=5.0)
-            admitted = self.gate.admit(message.topic, message.key, value, message.headers, record, at_ms)
-        return admitted
-
-    def _dead_letter(self, message: ConsumerRecord, cause: Cause, error: ContractError, processor: str) -> Output:
-        log.warning("dead-lettered %s[%d]@%d: %s", cause.topic, cause.partition, cause.offset, error)
-        letter = dead_letter(error, processor=processor, source=cause, key=message.key,
-                             value=bytes(message.value or b""), now_ms=now_ms(),
-                             max_message_bytes=self.settings.max_message_bytes)
-        return (self.settings.topics.dead_letter, message.key or b"", letter)
+        raw = RawInput(message.topic, message.partition, message.offset, message.key, bytes(message.value or b""),
+                       tuple(message.headers or ()), at_ms)
+        for table in self.tables.values():
+            table.partition = message.partition  # the input's writes go to its changelog partition
+        outcome = await self.pipeline.process(raw)
+        return [(topic, key, value) for topic, key, _record, value in outcome.outputs]
 
     async def _send_now(self, topic: str, key: bytes, record: Record) -> None:
         assert self.producer is not None
@@ -631,10 +550,8 @@ class BatchWorker:
 
     def _forget(self, tps: set[TopicPartition]) -> None:
         for tp in tps:
-            processor = self.processors.get(tp.topic)
-            if processor is not None:
-                for table in processor.tables:
-                    table.drop({tp.partition})
+            for table in self.tables_of.get(tp.topic, ()):
+                table.drop({tp.partition})
 
     async def _restore(self, tps: set[TopicPartition]) -> int:
         """Rebuild the tables of ``tps`` from their changelogs; the number of records read."""
@@ -642,7 +559,7 @@ class BatchWorker:
         self._forget(tps)
         where: dict[TopicPartition, ChangelogTable] = {}
         for tp in tps:
-            for table in self.processors[tp.topic].tables:
+            for table in self.tables_of[tp.topic]:
                 where[TopicPartition(table.topic, tp.partition)] = table
         if not where:
             return 0

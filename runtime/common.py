@@ -20,11 +20,6 @@ from cores.saga import Saga
 from shells import ToolRunner
 from shells.resource import book_from_bytes, book_to_bytes, content_from_bytes, content_to_bytes
 
-RESOURCE_PROCESSOR = "resource"
-DEADLOCK_PROCESSOR = "deadlock"
-SAGA_PROCESSOR = "saga"
-TICK_KEY = b"__tick__"
-
 
 def worker_id(settings: Settings) -> str:
     """This worker's name in answers and diagnostics."""
@@ -74,7 +69,8 @@ def _same(data: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class TableSpec:
-    """One changelogged table: its name, the processor (input topic) it belongs to, its value codec."""
+    """One changelogged table: its name, the processor it belongs to (``shells.pipeline.processor_of``), its
+    value codec."""
 
     name: str
     processor: str
@@ -87,18 +83,11 @@ class TableSpec:
 
 
 TABLES: dict[str, TableSpec] = {
-    "books": TableSpec("leases", RESOURCE_PROCESSOR, book_to_bytes, book_from_bytes),
-    "contents": TableSpec("contents", RESOURCE_PROCESSOR, content_to_bytes, content_from_bytes),
+    "books": TableSpec("leases", "resource", book_to_bytes, book_from_bytes),
+    "contents": TableSpec("contents", "resource", content_to_bytes, content_from_bytes),
     # One small changelog entry per edge (not the whole graph per write): the graph is
     # rebuilt in memory from the table after a rebalance.
-    "graphs": TableSpec("waitedges", DEADLOCK_PROCESSOR, _same, _same),
-    "sagas": TableSpec("sagas", SAGA_PROCESSOR, _saga_to_bytes, _saga_from_bytes),
+    "graphs": TableSpec("waitedges", "deadlock", _same, _same),
+    "sagas": TableSpec("sagas", "saga", _saga_to_bytes, _saga_from_bytes),
 }
-"""The processors' state, by the name ``shells.build_shells`` gives each store."""
-
-
-def input_topics(settings: Settings) -> dict[str, str]:
-    """Each processor's input topic."""
-    topics = settings.topics
-    return {RESOURCE_PROCESSOR: topics.resource_commands, DEADLOCK_PROCESSOR: topics.wait_edges,
-            SAGA_PROCESSOR: topics.saga_commands}
+"""The processors' state, by the name ``shells.pipeline.Pipeline`` gives each store."""

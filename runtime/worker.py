@@ -17,36 +17,25 @@ import os
 import sys
 import threading
 import time
-import traceback
 from typing import Any, cast
 
 import faust
 from aiokafka import AIOKafkaProducer
 from faust.serializers import codecs
 
-from contract import Cause, ContractError, LockTick, Record, WorkerStarted, default_codec
+from contract import LockTick, Record, WorkerStarted, default_codec
 from contract.clock import now_ms
 from contract.identity import ACTIVE, ROLE_WORKER, Refused, Registry, Verified, anchors_for, signer_for
 from contract.kafkaauth import faust_credentials, kafka_client_options
-from contract.reasons import Reason
 from contract.registryfeed import RegistryFeed
 from contract.settings import Settings
 from cores.saga import Saga
-from shells import Routes, RowGraphStore, Rules, ToolRunner, build_shells
-from shells.deadletter import dead_letter
+from shells import Rules, ToolRunner
+from shells.pipeline import TICK_KEY, Pipeline, RawInput, input_topics
 from shells.resource import book_from_bytes, book_to_bytes, content_from_bytes, content_to_bytes
-from shells.trust import Gate, refusal_answers
+from shells.trust import Gate, LiveTrust
 
-from .common import (
-    DEADLOCK_PROCESSOR,
-    RESOURCE_PROCESSOR,
-    SAGA_PROCESSOR,
-    TICK_KEY,
-    default_tools,
-    failpoint,
-    worker_id,
-)
-from .deferred import DeferredTable
+from .common import default_tools, failpoint, worker_id
 from .transport import GapGuard, Transport
 
 
@@ -198,14 +187,14 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
     def raw_topic(name: str) -> Any:
         return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
 
-    dead_letters = raw_topic(topics.dead_letter)
-
-    async def send(topic: str, key: bytes, record: Record) -> None:
+    async def send_bytes(topic: str, key: bytes, value: bytes) -> None:
         # Straight to faust's producer: Topic.send adds futures, callbacks and sensors
         # per message that cost more than the decision itself (README "Worker tuning").
         producer = await app.maybe_start_producer()
-        value = codec.encode(record)
         await producer.send(topic, key, value, None, None, signer.sign(topic, key, value, now_ms()))
+
+    async def send(topic: str, key: bytes, record: Record) -> None:
+        await send_bytes(topic, key, codec.encode(record))
 
     def generation() -> int | None:
         return cast(int | None, app.consumer_generation_id)
@@ -220,109 +209,56 @@ def create_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterAp
     }
     runner = tools or default_tools(settings)
 
-    def shells_holding(outbox: list[tuple[str, bytes, Record]], writes: list[DeferredTable]) -> Any:
-        """The shells over ``writes`` (deferred views of the tables), each output held in ``outbox``:
-        both wait until the input is done."""
-        async def hold(topic: str, key: bytes, record: Record) -> None:
-            outbox.append((topic, key, record))
+    class FaustTrust(LiveTrust):
+        """The gate, once the registry is followed (faust starts tasks after the processors)."""
 
-        views = {name: DeferredTable(table) for name, table in tables.items()}
-        writes.extend(views.values())
-        return build_shells(
-            rules, topics, settings.partitions, books=views["books"], contents=views["contents"],
-            graphs=RowGraphStore(views["graphs"], generation), sagas=views["sagas"], tools=runner, send=hold,
-            worker_id=me, generation=generation, after_tool=failpoint(settings),
-            on_detection=lambda d: app.log.warning("deadlock %s: victim %s, cycle %s", d.detection_id, d.victim,
-                                                   " -> ".join(d.cycle)),
-        )
+        async def admit(self, raw: RawInput, record: Record) -> Verified | Refused | None:
+            if gate.enabled and not feed_ready.is_set():
+                await follow_registry()
+            return await super().admit(raw, record)
 
-    async def reject(event: Any, cause: Cause, error: ContractError, processor: str) -> None:
-        letter = dead_letter(error, processor=processor, source=cause, key=event.key,
-                             value=bytes(event.value or b""), now_ms=now_ms(),
-                             max_message_bytes=settings.max_message_bytes)
-        value = codec.encode(letter)
-        await dead_letters.send(key=event.key, value=value,
-                                headers=signer.sign(topics.dead_letter, event.key, value, now_ms()))
-        app.log.warning("dead-lettered %s[%d]@%d: %s", cause.topic, cause.partition, cause.offset, error)
+    trust = FaustTrust(gate, lambda: feed.catch_up(timeout=5.0), now_ms) if settings.verify_signatures else None
+
+    def pipeline() -> Pipeline:
+        """The one path of every input (``shells.pipeline``), over this app's tables: one per processor,
+        since faust runs the three processors concurrently."""
+        return Pipeline(rules, topics, settings.partitions, tables, runner, codec, trust=trust, worker_id=me,
+                        generation=generation, after_tool=failpoint(settings),
+                        on_detection=lambda d: app.log.warning("deadlock %s: victim %s, cycle %s", d.detection_id,
+                                                               d.victim, " -> ".join(d.cycle)), clock=now_ms)
 
     gaps = GapGuard(os.environ.pop(GapGuard.RESTART_ENV, "")) \
         if settings.processing_guarantee == "at_least_once" else None
 
-    shell_routes = Routes.of(topics, rules.graph_key)
-
-    async def admit(msg: Any, event: Any, record: Record, at_ms: int) -> Verified | Refused | None:
-        """The gate's verdict on one input; an unknown key is looked up once more in the registry
-        (it may have been registered a moment ago) before it is refused."""
-        if not gate.enabled:
-            return None
-        if not feed_ready.is_set():
-            await follow_registry()
-        value = bytes(event.value or b"")
-        admitted = gate.admit(msg.topic, event.key, value, msg.headers, record, at_ms)
-        if isinstance(admitted, Refused) and admitted.unknown_key:
-            await feed.catch_up(timeout=5.0)
-            admitted = gate.admit(msg.topic, event.key, value, msg.headers, record, at_ms)
-        return admitted
-
-    def processor(name: str, topic_name: str) -> None:
-        """Register a thin processor: decode (dead-lettering what does not), then the topic's shell."""
-        outbox: list[tuple[str, bytes, Record]] = []
-        writes: list[DeferredTable] = []
-        shell = shells_holding(outbox, writes).for_topic(topic_name)
-        assert shell is not None
+    def processor(topic_name: str) -> None:
+        """Register one processor: every input through the pipeline, then its outputs to the producer."""
+        path = pipeline()
+        name = path.processors[topic_name]
 
         async def run(stream: Any) -> None:
             async for event in stream.events():
                 msg = event.message
-                cause = Cause(topic=msg.topic, partition=msg.partition, offset=msg.offset)
                 hole = gaps.observe(msg.topic, msg.partition, msg.generation_id, msg.offset) if gaps else None
                 if hole is not None:
                     app.log.error("faust skipped %s[%d] offsets %d..%d; restarting this worker to decide them in "
                                   "log order", msg.topic, msg.partition, *hole)
                     os.environ[GapGuard.RESTART_ENV] = GapGuard.describe(msg.topic, msg.partition, hole[0])
                     restart_worker()
-                try:
-                    record: Record = codec.decode(event.value)
-                except ContractError as error:
-                    await reject(event, cause, error, name)
-                    continue
                 # The broker's append time: the same on every redelivery (see cores.leases).
                 at_ms = round(msg.timestamp * 1000) if msg.timestamp else now_ms()
-                admitted = await admit(msg, event, record, at_ms)
-                if isinstance(admitted, Refused):
-                    for topic, key, answer in refusal_answers(record, admitted, shell_routes, at_ms, cause):
-                        await send(topic, key, answer)
-                    await reject(event, cause, ContractError(admitted.reason, admitted.detail), name)
-                    continue
-                outbox.clear()
-                try:
-                    problem = await shell.handle(event.key, record, at_ms, cause, sender=admitted)
-                except Exception:
-                    # A bug, not bad input. Quarantine the input: nothing it caused has been sent
-                    # (outputs wait in the outbox) or stored (table writes wait too, and the
-                    # shells change state copy-on-write), so dropping both leaves no half-applied
-                    # decision; the offset moves on, so it is never retried into a crash loop.
-                    app.log.exception("%s processor failed on %s[%d]@%d; quarantined", name, msg.topic,
-                                      msg.partition, msg.offset)
-                    outbox.clear()
-                    for view in writes:
-                        view.discard()
-                    problem = ContractError(Reason.PROCESSOR_FAILED, traceback.format_exc(limit=8)[-1800:])
-                # The decisions first, then the state that follows from them (README "Crash safety").
-                for topic, key, output in outbox:
-                    await send(topic, key, output)
-                outbox.clear()
-                for view in writes:
-                    view.commit()
-                if problem is not None:
-                    await reject(event, cause, problem, name)
+                outcome = await path.process(RawInput(msg.topic, msg.partition, msg.offset, event.key,
+                                                      bytes(event.value or b""), tuple(msg.headers or ()), at_ms))
+                # The decisions first, then the state that follows from them (README "Crash safety"): the
+                # pipeline applied the table writes as the input finished; faust sends their changelog
+                # after these records, and commits the offset once both are written.
+                for topic, key, _record, value in outcome.outputs:
+                    await send_bytes(topic, key, value)
 
         run.__name__ = run.__qualname__ = f"{name}_processor"
         app.agent(raw_topic(topic_name), name=name)(run)
 
-    processor(RESOURCE_PROCESSOR, topics.resource_commands)
-    processor(DEADLOCK_PROCESSOR, topics.wait_edges)
-    processor(SAGA_PROCESSOR, topics.saga_commands)
+    for topic_name in input_topics(topics):
+        processor(topic_name)
 
     @app.task  # type: ignore[untyped-decorator]
     async def announce_rules() -> None:

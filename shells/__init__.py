@@ -1,8 +1,8 @@
 """Processor shells: each feeds one pure core and owns its state-store interface, with no Kafka.
 
-The worker (``runtime.worker``) builds them over changelogged tables and a producer;
-audit and replay (``arbiter.audit.replay``) build the very same shells over dicts and a
-collector. ``build_shells`` is the one place both get them from.
+The one path every input takes, raw record to outcome, is ``shells.pipeline.Pipeline``:
+the worker's runtimes build it over changelogged tables, audit and replay over dicts, and
+it builds the three shells here (``build_shells``) over the views of one input's scope.
 """
 
 from __future__ import annotations
@@ -18,17 +18,16 @@ from cores.gateway import ContentState
 from cores.leases import LeaseBook
 from cores.saga import Saga
 
-from .deadlock import DeadlockShell, DictGraphStore, GraphStore, RowGraphStore
+from .deadlock import DeadlockShell, RowGraphStore
 from .resource import ResourceShell, ToolRunner
 from .routes import SAGA_PREFIX, Routes, Send
 from .rules import Rules
 from .saga import SagaShell
+from .tables import InputScope
 
 __all__ = [
     "SAGA_PREFIX",
     "DeadlockShell",
-    "DictGraphStore",
-    "GraphStore",
     "ResourceShell",
     "Routes",
     "RowGraphStore",
@@ -73,23 +72,25 @@ def build_shells(
     *,
     books: MutableMapping[bytes, LeaseBook],
     contents: MutableMapping[bytes, ContentState],
-    graphs: GraphStore,
+    graphs: RowGraphStore,
     sagas: MutableMapping[bytes, Saga],
     tools: ToolRunner,
     send: Send,
+    scope: InputScope | None = None,
     worker_id: str = "replay",
     generation: Callable[[], int | None] = lambda: 0,
     after_tool: Callable[[ToolIntent], None] = lambda _intent: None,
     on_detection: Callable[[DeadlockDetected], None] = lambda _detection: None,
 ) -> Shells:
-    """The three shells over the given stores, deciding by ``rules`` and sending with ``send``."""
+    """The three shells over the given stores, deciding by ``rules`` and sending with ``send``; changes
+    made in place are undone through ``scope`` when the input fails."""
     routes = Routes.of(topics, rules.graph_key)
     return Shells(
         resource=ResourceShell(books=books, contents=contents, partitions=partitions, rules=rules.leases,
                                gate_rules=rules.gateway, tools=tools, routes=routes, send=send, worker_id=worker_id,
                                generation=generation, after_tool=after_tool,
-                               hide_tokens=rules.verify_signatures),
-        deadlock=DeadlockShell(graphs, routes, send, rules.victim_policy, on_detection),
+                               hide_tokens=rules.verify_signatures, scope=scope),
+        deadlock=DeadlockShell(graphs, routes, send, rules.victim_policy, on_detection, scope),
         saga=SagaShell(sagas, routes, send),
         topics=topics,
     )

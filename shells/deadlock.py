@@ -1,15 +1,15 @@
 """The deadlock processor's shell: a wait-for graph per key, detection on every edge, victims told.
 
-The worker keeps the graphs as one changelog row per edge (``RowGraphStore`` over a
-table of bytes); a replay keeps them in a dict. Both go through ``DeadlockShell.handle``,
-so the log is replayed through exactly the code that wrote it.
+Both the worker and a replay keep the graphs as one row per edge (``RowGraphStore`` over a
+table of bytes: the worker's changelog, or a dict), and both go through
+``DeadlockShell.handle``, so the log is replayed through exactly the code that wrote it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from contract import (
     Cause,
@@ -26,6 +26,7 @@ from cores.waitgraph import Edge, VictimPolicy, WaitGraph, detect, revocations
 from cores.waitgraph import evolve as evolve_graph
 
 from .routes import Routes, Send
+from .tables import InputScope
 
 
 def edge_problem(key: bytes | None, edge: Record) -> ContractError | None:
@@ -93,36 +94,17 @@ class RowGraphStore:
 
 
 @dataclass
-class DictGraphStore:
-    """Wait-for graphs in memory (audit and replay)."""
-
-    graphs: dict[bytes, WaitGraph] = field(default_factory=dict)
-
-    def get(self, key: bytes) -> WaitGraph:
-        """The graph under ``key`` (a new empty one at first)."""
-        return self.graphs.setdefault(key, WaitGraph())
-
-    def save(self, key: bytes, graph: WaitGraph) -> None:
-        """Nothing to write: the graph was changed in place."""
-        graph.touched.clear()
-
-    def discard(self, key: bytes) -> None:
-        """Nothing to rebuild from: the graph stays as the failed input left it (a replay reports what follows)."""
-
-
-GraphStore = RowGraphStore | DictGraphStore
-
-
-@dataclass
 class DeadlockShell:
     """The deadlock processor: folds wait-for edges and breaks the cycles they close."""
 
-    store: GraphStore
+    store: RowGraphStore
     routes: Routes
     send: Send
     victim_policy: VictimPolicy = "priority"
     on_detection: Callable[[DeadlockDetected], None] = lambda _detection: None
     """Told of each detection (the worker logs it)."""
+    scope: InputScope | None = None
+    """The input being decided: if it fails, the graph it changed in memory is rebuilt from its rows."""
 
     async def handle(self, key: bytes | None, edge: Record, now_ms: int, cause: Cause,
                      sender: Verified | None = None) -> ContractError | None:
@@ -134,11 +116,11 @@ class DeadlockShell:
             return None  # our own decisions, logged beside the edges they were made from
         assert key is not None and isinstance(edge, WaitEdgeAdded | WaitEdgeRemoved)
         graph = self.store.get(key)
-        try:
-            detections = await self._fold(graph, key, edge, now_ms, cause)
-        except Exception:
-            self.store.discard(key)  # the graph in memory may be half-changed: rebuild it from its rows
-            raise
+        if self.scope is not None:
+            # The graph in memory changes in place: an input that fails is rebuilt from its rows (whose
+            # writes the scope drops).
+            self.scope.on_discard(lambda: self.store.discard(key))
+        detections = await self._fold(graph, key, edge, now_ms, cause)
         for detection in detections:
             self.on_detection(detection)
         self.store.save(key, graph)

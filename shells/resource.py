@@ -9,9 +9,14 @@ command gets the same decision and audit can replay it exactly.
 
 Outputs, in this order, for each decision: every event to the resource-event topic
 (key: resource), lock events to the agent inbox (key: agent id), wait-for edges to
-the wait-edge topic (key: graph namespace); then the book to the changelogged table.
-faust flushes the producer before it commits offsets, so a committed command always
-has its events and its book in Kafka.
+the wait-edge topic (key: graph namespace); then the book to its table. The shell sends
+through the input's pipeline (``shells.pipeline``), which holds the outputs and the table
+writes until the input is done; the runtime produces the decisions before the changelog
+of the state they leave, and commits the input's offset only once both are written.
+
+A decision changes the stored book in place (``cores.leases.step``), so its cost does not
+grow with the queue; it registers the book's undo with the input's scope, which runs it if
+the input fails later on.
 
 Expiry: a timer in every worker sends one ``LockTick`` per owned partition into the
 command log. The tick's append time is "now" for that partition. An in-memory heap
@@ -49,6 +54,7 @@ from cores.gateway import Accepted, ContentState, GatewayEvent, GatewayRules, To
 from cores.leases import RESOURCE_LOCK_COMMANDS, LeaseBook, LeaseRules, LockCommand, LockEvent, new_book, step
 
 from .routes import Routes, Send
+from .tables import InputScope
 
 
 class ToolRunner(Protocol):
@@ -85,6 +91,8 @@ class ResourceShell:
     hide_tokens: bool = False
     """Snapshots show other agents' leases without their tokens (the trust boundary's rule;
     off for logs decided before it, so their replays stay exact)."""
+    scope: InputScope | None = None
+    """The input being decided: a book changed in place leaves its undo there."""
     _deadlines: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)
     _indexed_generation: int | None = None
 
@@ -118,11 +126,10 @@ class ResourceShell:
 
     async def decide(self, key: bytes, command: LockCommand, now_ms: int, cause: Cause) -> list[LockEvent]:
         """Decide one lock command for the resource ``key`` and publish the result."""
-        # Copy on write: if anything below raises, the table still holds the book as it was.
         stored = self.books.get(key)
         fresh = stored is None
-        book = new_book(key.decode("utf-8", errors="replace")) if stored is None else stored.copy()
-        events = step(book, command, now_ms, cause, self.rules, self._version(key))
+        book = new_book(key.decode("utf-8", errors="replace")) if stored is None else stored
+        events = self._step(key, book, command, now_ms, cause, fresh)
         await self._publish(key, events)
         if not (fresh and book.is_idle() and book.last_token == 0):
             # A command that changed nothing on a never-used resource (bad input, say)
@@ -136,7 +143,7 @@ class ResourceShell:
         resource = key.decode("utf-8", errors="replace")
         book = self.books.get(key) or new_book(resource)
         stored = self.contents.get(key)
-        content = ContentState(resource) if stored is None else stored.copy()  # copy on write, as in decide
+        content = ContentState(resource) if stored is None else stored.copy()  # copy on write (bounded: rules)
         verdict = gateway.check(book, content, intent, now_ms, cause, self.gate_rules, self.tools.names())
         if verdict is content.outcomes.get(intent.intent_id):
             # Seen before: answer again, never run again, record nothing new.
@@ -181,6 +188,9 @@ class ResourceShell:
         generation = self.generation()
         if generation != self._indexed_generation:
             self._rebuild_index(generation)
+        if self.scope is not None:
+            # The heap loses the entries this tick pops: if the tick fails, rebuild the index at the next.
+            self.scope.on_discard(self._forget_index)
         heap = self._deadlines.setdefault(cause.partition, [])
         touched = 0
         while heap and heap[0][0] <= now_ms:
@@ -189,18 +199,34 @@ class ResourceShell:
             due = stored.next_deadline() if stored is not None else None
             if stored is None or due is None or due > now_ms:
                 continue  # stale entry: the book moved on since it was indexed
-            book = stored.copy()
-            events = step(book, tick, now_ms, cause, self.rules, self._version(key))
+            book = stored
+            events = self._step(key, book, tick, now_ms, cause, False)
             await self._publish(key, events)
             self.books[key] = book
             self._remember_deadline(cause.partition, key, book)
             touched += 1
         return touched
 
+    def _step(self, key: bytes, book: LeaseBook, command: LockCommand | LockTick, now_ms: int, cause: Cause,
+              fresh: bool) -> list[LockEvent]:
+        """Decide ``command`` into ``book`` in place; a stored book's changes can be undone by the scope
+        (a fresh one is simply not stored when the input fails)."""
+        if fresh or self.scope is None:
+            return step(book, command, now_ms, cause, self.rules, self._version(key))
+        undo = book.begin()
+        try:
+            return step(book, command, now_ms, cause, self.rules, self._version(key))
+        finally:
+            book.end()
+            self.scope.on_discard(undo)
+
     def _remember_deadline(self, partition: int, key: bytes, book: LeaseBook) -> None:
         due = book.next_deadline()
         if due is not None:
             heapq.heappush(self._deadlines.setdefault(partition, []), (due, key))
+
+    def _forget_index(self) -> None:
+        self._indexed_generation = -1
 
     def _rebuild_index(self, generation: int | None) -> None:
         self._deadlines.clear()

@@ -1,15 +1,17 @@
-"""A table whose writes wait until the input that made them is done.
+"""What one input changes, kept or dropped as a whole: deferred table writes and undo steps.
 
-The worker wraps each changelogged table in one, per processor: an input's shell writes
-into it, then the worker sends the input's outputs, and only then applies the writes to
-the table (and so to its changelog). The decisions go to the producer before the state
-that follows from them, in one batch, and an input that fails leaves nothing behind:
-``discard`` drops its writes.
+Every input is decided inside an ``InputScope`` (``shells.pipeline``): the shells write
+their tables through ``DeferredTable`` views, whose writes reach the table (and so the
+worker's changelog) only when the input is done; a shell that changes a value in place
+(the lease book, to keep a decision's cost independent of the queue) registers how to
+undo it. An input that fails is discarded: its writes are dropped and its in-place
+changes undone, newest first, so it leaves nothing behind. Worker and audit both decide
+through a scope, over changelogged tables and over dicts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from typing import Any
 
 _GONE = object()
@@ -77,3 +79,29 @@ class DeferredTable(MutableMapping[bytes, Any]):
     def discard(self) -> None:
         """Drop the pending writes: the input that made them failed."""
         self.pending.clear()
+
+
+class InputScope:
+    """The views one input decides through, and the undo steps of its in-place changes."""
+
+    def __init__(self, tables: Mapping[str, MutableMapping[bytes, Any]]) -> None:
+        self.views = {name: DeferredTable(table) for name, table in tables.items()}
+        self._undo: list[Callable[[], None]] = []
+
+    def on_discard(self, undo: Callable[[], None]) -> None:
+        """Run ``undo`` if this input is discarded (after the undo steps registered later)."""
+        self._undo.append(undo)
+
+    def commit(self) -> None:
+        """The input is done: apply its table writes, forget its undo steps."""
+        for view in self.views.values():
+            view.commit()
+        self._undo.clear()
+
+    def discard(self) -> None:
+        """The input failed: undo its in-place changes (newest first) and drop its table writes."""
+        undo, self._undo = self._undo, []
+        for step in reversed(undo):
+            step()
+        for view in self.views.values():
+            view.discard()

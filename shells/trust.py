@@ -1,10 +1,11 @@
 """The trust gate every input passes before a processor decides it.
 
-The worker and the audit's replay both run each input through ``Gate.admit``: verify the
-signature against the registry (``contract.identity``), then the rules of who may send
-what (``cores.trust``). A refused input changes nothing: the agent it claims to come from
-gets a denial with the reason (``unauthenticated`` or ``forbidden``) where the input
-type has one, and the worker dead-letters a copy.
+The worker and the audit's replay both run each input through ``Gate.admit`` (in
+``shells.pipeline``): verify the signature against the registry (``contract.identity``),
+then the rules of who may send what (``cores.trust``). A refused input changes nothing:
+the agent it claims to come from gets a denial with the reason (``unauthenticated``,
+``forbidden``, or the pipeline's ``misrouted``) where the input type has an answer (lock
+commands, intents, snapshots, pings), and it is dead-lettered.
 
 With verification off (``Settings.verify_signatures``, development only, announced on
 every start) every input passes, as before the trust boundary.
@@ -13,7 +14,8 @@ every start) every input passes, as before the trust boundary.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from contract import (
     Cause,
@@ -22,7 +24,9 @@ from contract import (
     LockReleaseRequested,
     LockRenewRequested,
     LockRequested,
+    Ping,
     Record,
+    SnapshotRequested,
     ToolIntent,
     ToolRejected,
 )
@@ -30,6 +34,7 @@ from contract.identity import RESERVED_PREFIXES, Headers, Refused, Registry, Ver
 from contract.reasons import what_to_do
 from cores.trust import authorize
 
+from .inputs import RawInput
 from .routes import Routes
 
 Admitted = Verified | None
@@ -57,27 +62,65 @@ class Gate:
         return sender
 
 
+CATCH_UP_SLACK_MS = 5_000
+"""How far a broker's append time may run ahead of this worker's clock (see ``LiveTrust``)."""
+
+
+@dataclass
+class LiveTrust:
+    """The gate as a worker runs it: over the registry it follows, with one more look at the registry
+    for a key it does not know yet (registered a moment ago).
+
+    That look is taken only for an input appended after the last look began (less a slack for the
+    broker's clock): a key registered before that look is known already, so a flood of records
+    signed by unknown keys costs one look per batch, never one per record."""
+
+    gate: Gate
+    catch_up: Callable[[], Awaitable[object]]
+    clock: Callable[[], int]
+    _looked_at_ms: int = field(default=0, init=False)
+
+    async def admit(self, raw: RawInput, record: Record) -> Verified | Refused | None:
+        """The gate's verdict on one input."""
+        if not self.gate.enabled:
+            return None
+        admitted = self.gate.admit(raw.topic, raw.key, raw.value or b"", raw.headers, record, raw.timestamp_ms)
+        if isinstance(admitted, Refused) and admitted.unknown_key \
+                and raw.timestamp_ms + CATCH_UP_SLACK_MS >= self._looked_at_ms:
+            self._looked_at_ms = self.clock()
+            await self.catch_up()
+            admitted = self.gate.admit(raw.topic, raw.key, raw.value or b"", raw.headers, record, raw.timestamp_ms)
+        return admitted
+
+
 def refusal_answers(record: Record, refused: Refused, routes: Routes, now_ms: int,
                     cause: Cause) -> list[tuple[str, bytes, Record]]:
     """What the agent a refused input names is told (topic, key, record): a denial for the lock
-    commands and intents that expect an answer; nothing for the rest (the dead letter has it)."""
+    commands, intents, snapshots and pings that expect an answer, at once (an agent waiting for a
+    snapshot outside its prefixes hears ``forbidden``, not silence); nothing for the rest (the dead
+    letter has it)."""
     agent = getattr(record, "agent_id", None)
     if not isinstance(agent, str) or not agent or agent.startswith(RESERVED_PREFIXES):
         return []  # a saga's own agent never hears of input it did not send
-    detail = refused.detail[:1000]
+    diagnostic = json.dumps({"reason": str(refused.reason), "detail": refused.detail[:1000],
+                             "what_to_do": what_to_do(refused.reason)}, sort_keys=True)
     answer: Record
-    if isinstance(record, LockRequested | LockRenewRequested | LockReleaseRequested | LockCancelRequested):
+    if isinstance(record, LockRequested | LockRenewRequested | LockReleaseRequested | LockCancelRequested
+                  | SnapshotRequested):
         answer = LockDenied(request_id=record.request_id, agent_id=agent, resource=record.resource,
-                            reason=refused.reason, detail=detail, request_sent_at_ms=record.sent_at_ms,
+                            reason=refused.reason, detail=diagnostic, request_sent_at_ms=record.sent_at_ms,
                             decided_at_ms=now_ms, cause=cause)
+    elif isinstance(record, Ping):
+        answer = LockDenied(request_id=record.ping_id, agent_id=agent, resource="", reason=refused.reason,
+                            detail=diagnostic, request_sent_at_ms=record.sent_at_ms, decided_at_ms=now_ms,
+                            cause=cause)
     elif isinstance(record, ToolIntent):
-        diagnostic = {"reason": str(refused.reason), "detail": detail, "what_to_do": what_to_do(refused.reason)}
         answer = ToolRejected(intent_id=record.intent_id, agent_id=agent, resource=record.resource, tool=record.tool,
-                              reason=refused.reason, diagnostic_json=json.dumps(diagnostic, sort_keys=True),
+                              reason=refused.reason, diagnostic_json=diagnostic,
                               request_sent_at_ms=record.sent_at_ms, decided_at_ms=now_ms, cause=cause)
     else:
         return []
     return [(routes.agent_inbox, agent.encode(), answer)]
 
 
-__all__ = ["Admitted", "Gate", "Refused", "Verified", "refusal_answers"]
+__all__ = ["Admitted", "Gate", "LiveTrust", "Refused", "Verified", "refusal_answers"]

@@ -10,6 +10,7 @@ adjusted) and expects the audit, in Python and through the CLI, to name the posi
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import re
 import uuid
@@ -26,6 +27,8 @@ from arbiter.audit import audit
 from arbiter.audit.log import load_archive, read_log
 from arbiter.cli import main as arbiter_cli
 from arbiter.processes import WorkerPool, wait_until_served
+from contract import default_codec
+from contract.identity import read_private_key
 from contract.partitioning import key_for_partition
 from contract.settings import Settings
 from runtime.topics import ensure_topics
@@ -174,10 +177,21 @@ def _insert_after(rows: list[Row], anchor: Row, forged: Row) -> Row:
 
 
 def _tampered(recording: Recording, tmp_path: Path, edit: Callable[[list[Row]], Row]) -> tuple[Path, str]:
-    """A copy of the archive changed by ``edit``; returns it and the position of the changed line."""
+    """A copy of the archive changed by ``edit``; returns it and the position of the changed line.
+
+    The changed line is signed again with the workers' own key: what a buggy or compromised worker
+    would write, which only the invariant checks and the replay can catch. (A forgery signed by anyone
+    else is ``authenticated``'s alone: ``tests/test_safety_kafka.py``.)"""
     rows = _rows(recording.archive)
     changed = edit(rows)
-    return _write(tmp_path / "tampered.jsonl", rows), _where(changed)
+    path = _write(tmp_path / "tampered.jsonl", rows)
+    entry = load_archive(path).find(changed["topic"], changed["partition"], changed["offset"])
+    assert entry is not None
+    worker = read_private_key(recording.settings.home / "keys" / "worker.key", "worker")
+    value = entry.value_bytes(default_codec())
+    changed["headers"] = [[name, {"$bytes": base64.b64encode(data).decode()}]
+                          for name, data in worker.sign(entry.topic, entry.key, value, entry.timestamp_ms)]
+    return _write(path, rows), _where(changed)
 
 
 def _audit_file(path: Path) -> dict[str, Any]:

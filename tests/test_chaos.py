@@ -89,7 +89,7 @@ def test_malformed_records_are_all_refused_and_no_worker_stops(bootstrap: str, t
     phase = result["phases"][-1]
     assert phase["attempted"] == phase["succeeded"] and not phase["refused"] and not phase["timed_out"], phase
     how = dict(map(tuple, result["campaign_rows"]))["how they were refused"]
-    for reason in ("unauthenticated", "forbidden", "key_mismatch", "unsupported_command"):
+    for reason in ("unauthenticated", "forbidden", "key_mismatch", "misrouted", "unsupported_command"):
         assert reason in how, how
 
 

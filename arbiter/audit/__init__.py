@@ -43,6 +43,7 @@ from .checks import (
     check_leases_and_writes,
     check_outcomes,
     check_sagas,
+    refused_inputs,
     refused_positions,
     summarize,
 )
@@ -73,10 +74,11 @@ async def _audit(log: Log, settings: Settings, complete: bool,
     for problem in rule_problems:
         findings.add("determinism", problem, [])
     stats: dict[str, int] = {"messages": len(log)}
-    stats |= check_determinism(log, settings, decided, findings)
-    del decided, _engine
+    # ``authenticated`` first: what it names (forgeries, refused commands) is left out of the rest.
     authenticated, human_actions = check_authenticated(
         log, settings, trust_anchors(settings) if verifies(log, settings) else [], findings)
+    stats |= check_determinism(log, settings, decided, findings)
+    del decided, _engine
     stats |= authenticated
     stats |= check_leases_and_writes(log, settings, findings)
     stats |= check_outcomes(log, settings, findings)
@@ -105,7 +107,8 @@ async def _audit(log: Log, settings: Settings, complete: bool,
         "signatures": "verified against the admin public keys" if verifies(log, settings)
                       else "not checked: the log's workers did not verify signatures",
         "human_actions": human_actions,
-        "timeline": timeline(log, settings, findings.forged),
+        "refused_inputs": refused_inputs(log, settings),
+        "timeline": timeline(log, settings, findings.forged | findings.intrusions),
     }
 
 

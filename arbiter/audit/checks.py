@@ -11,7 +11,10 @@ Two kinds of check:
 - **authenticated** checks every message's signature (``contract.identity``) against
   the registry the admin signed and the admin public keys this auditor trusts, and who
   may write where: decisions only by workers, commands by an identity allowed to send
-  them (or else refused by the workers), registry records only by an admin.
+  them (or else refused by the workers), registry records only by an admin. It runs
+  first: a message it names (a forgery, or a command the workers refused) appears under
+  ``authenticated`` and nowhere else, so anyone who can write a topic cannot make an
+  honest log fail its other checks.
 
 Every finding names the log positions (``topic[partition]@offset``) that prove it.
 A finding is a ``violation`` (a rule was broken) or ``open`` (unfinished work at the
@@ -58,7 +61,7 @@ from contract.settings import Settings
 from cores.trust import authorize
 
 from .log import Entry, Log, identity
-from .replay import DEAD_LETTER, NO_ANCHORS, Output, from_outside, verifies
+from .replay import NO_ANCHORS, Output, from_outside, verifies
 
 CHECKS: dict[str, str] = {
     "determinism": "re-derived decisions equal the recorded ones",
@@ -98,7 +101,14 @@ class Findings:
     items: list[Finding] = field(default_factory=list)
     forged: set[str] = field(default_factory=set)
     """Positions of recorded decisions that no input decides: reported once (determinism) and
-    left out of the invariant checks, so one forgery does not make every later write look wrong."""
+    not folded into the invariant checks, so one forgery does not make every later write look wrong."""
+    intrusions: set[str] = field(default_factory=set)
+    """Positions ``authenticated`` names (decisions no worker signed, commands the workers refused):
+    left out of every other check."""
+
+    def excluded(self, entry: Entry) -> bool:
+        """Whether ``entry`` is left out of the checks (named by ``authenticated``, or no input decides it)."""
+        return entry.where in self.intrusions or entry.where in self.forged
 
     def add(self, check: str, message: str, where: Iterable[Entry | str], *, open_: bool = False,
             resource: str | None = None, at_ms: int | None = None) -> None:
@@ -127,6 +137,8 @@ def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, l
     for topic in (topics.resource_events, topics.saga_events, topics.wait_edges):
         for entry in log.of(topic):
             record = entry.record
+            if entry.where in findings.intrusions:
+                continue  # named by ``authenticated``, and only there
             if record is None:
                 if topic != topics.wait_edges:  # (bad input on the edge topic is the detector's to dead-letter)
                     findings.add("determinism", "a message on a decision topic does not decode: no processor "
@@ -151,7 +163,7 @@ def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, l
     for entry, outputs in decided:
         position = entry.topic, entry.partition, entry.offset
         for topic, key, record in outputs:
-            if topic == DEAD_LETTER:
+            if topic == topics.dead_letter:
                 stats["dead_lettered"] += 1
                 if position not in lettered and entry.offset <= reached.get((entry.topic, entry.partition), -1):
                     findings.add("determinism", "this input should have been dead-lettered, and the dead-letter "
@@ -266,10 +278,11 @@ def check_leases_and_writes(log: Log, settings: Settings, findings: Findings) ->
     applied: dict[tuple[str, str], ToolApplied] = {}
     for entry in log.of(settings.topics.resource_events):
         event = entry.record
-        # A forgery (named by the determinism check) is checked like any decision, but not folded
-        # in: the rules it breaks are reported for it, and later real decisions are judged against
-        # the real state, not against the forgery (one forged grant once made every later write look
-        # stale).
+        if entry.where in findings.intrusions:
+            continue  # no worker's decision (``authenticated`` names it): nothing to check it against
+        # A decision no input decides (named by the determinism check: a worker's key wrote it) is
+        # checked like any decision, but not folded in: the rules it breaks are reported for it, and
+        # later real decisions are judged against the real state, not against it.
         forged = bool(findings.forged) and entry.where in findings.forged
         if forged and not isinstance(event, LockGranted | ToolApplied):
             continue
@@ -370,23 +383,27 @@ _FINAL = (LockGranted, LockDenied, LockCancelled, LockWaitTimedOut)
 def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str, int]:
     """Every acquire and every intent got exactly one final outcome."""
     topics = settings.topics
-    finals: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)
-    final_at: dict[tuple[str, str], Entry] = {}
-    queued: set[tuple[str, str]] = set()
+    # Per (resource, request id, agent): a request id is its sender's, and another agent's command with
+    # the same id gets an answer of its own (request_id_taken), which is not this request's outcome.
+    finals: dict[tuple[str, str, str], set[tuple[str, str]]] = defaultdict(set)
+    final_at: dict[tuple[str, str, str], Entry] = {}
+    queued: set[tuple[str, str, str]] = set()
     outcomes: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)  # (resource, intent id): its scope
     outcome_at: dict[tuple[str, str], Entry] = {}
     for entry in log.of(topics.resource_events):
         e = entry.record
+        if entry.where in findings.intrusions:
+            continue
         if isinstance(e, _FINAL):
-            finals[e.resource, e.request_id].add(identity(e))
-            final_at.setdefault((e.resource, e.request_id), entry)
+            finals[e.resource, e.request_id, e.agent_id].add(identity(e))
+            final_at.setdefault((e.resource, e.request_id, e.agent_id), entry)
         elif isinstance(e, LockQueued):
-            queued.add((e.resource, e.request_id))
+            queued.add((e.resource, e.request_id, e.agent_id))
         elif isinstance(e, ToolApplied | ToolRejected):
             outcomes[e.resource, e.intent_id].add(identity(e))
             outcome_at.setdefault((e.resource, e.intent_id), entry)
     last_processed = _last_processed(log, settings)
-    asked: set[tuple[str, str]] = set()
+    asked: set[tuple[str, str, str]] = set()
     asked_intents: set[tuple[str, str]] = set()
     stats = {"acquires": 0, "intents": 0}
     # A command the trust gate refused was never decided: its answer (a denial naming the reason)
@@ -397,7 +414,7 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
         if refused and (entry.topic, entry.partition, entry.offset) in refused:
             continue
         if isinstance(c, LockRequested) and entry.key == c.resource.encode():
-            ident = c.resource, c.request_id
+            ident = c.resource, c.request_id, c.agent_id
             if ident in asked:
                 continue
             asked.add(ident)
@@ -453,6 +470,8 @@ def check_sagas(log: Log, settings: Settings, findings: Findings) -> dict[str, i
     compensations = 0
     for entry in log.of(settings.topics.saga_events):
         record = entry.record
+        if entry.where in findings.intrusions:
+            continue
         if isinstance(record, SagaFinished):
             finished[record.saga_id].add(record.outcome)
             finished_at.setdefault(record.saga_id, entry)
@@ -482,7 +501,7 @@ def check_cycles(log: Log, settings: Settings, findings: Findings) -> dict[str, 
         # The detector logs a detection after the edge that closed the cycle, perhaps after
         # other edges (a timeout may even break the cycle first): match them by cause.
         # Refused or forged messages were never decided: they neither add edges nor break cycles.
-        entries = [e for e in entries if e.where not in findings.forged]
+        entries = [e for e in entries if not findings.excluded(e)]
         detected = {f"{r.cause.topic}[{r.cause.partition}]@{r.cause.offset}"
                     for e in entries if isinstance(r := e.record, DeadlockDetected)}
         graphs: dict[bytes, _Graph] = defaultdict(_Graph)
@@ -565,7 +584,8 @@ def summarize(findings: Findings) -> dict[str, dict[str, int]]:
 
 # -- authenticated ---------------------------------------------------------------------------
 
-_REFUSALS = frozenset({str(Reason.UNAUTHENTICATED), str(Reason.FORBIDDEN)})
+_REFUSALS = frozenset({str(Reason.UNAUTHENTICATED), str(Reason.FORBIDDEN), str(Reason.MISROUTED)})
+"""Dead-letter reasons that say: the workers refused this input before deciding anything."""
 _OVERRIDES = (LockRevokeRequested, CompensationRequested)
 
 
@@ -648,7 +668,7 @@ def check_authenticated(log: Log, settings: Settings, anchors: list[bytes],
                 if problem is None:
                     stats["signatures_verified"] += 1
                     continue
-                findings.forged.add(entry.where)
+                findings.intrusions.add(entry.where)
                 findings.add("authenticated", f"{kind} on {topic} is not a worker's decision: {problem}", [entry],
                              resource=_resource_of(record), at_ms=entry.timestamp_ms)
                 continue
@@ -661,6 +681,12 @@ def check_authenticated(log: Log, settings: Settings, anchors: list[bytes],
                 problem = why[1] if why is not None else None
             if problem is None:
                 stats["signatures_verified"] += 1
+                if str(Reason.MISROUTED) in refused.get((entry.topic, entry.partition, entry.offset), set()):
+                    # Signed by someone allowed to send it, on a partition its key does not hash to: the
+                    # workers refused it there (a copy, or a client with another partitioner).
+                    stats["misrouted_commands"] = stats.get("misrouted_commands", 0) + 1
+                    findings.intrusions.add(entry.where)
+                    continue
                 if isinstance(signer, Verified) and signer.role == ROLE_ADMIN and isinstance(record, _OVERRIDES):
                     actions.append(_human_action(entry, record, signer.name,
                                                  caused.get((entry.topic, entry.partition, entry.offset), [])))
@@ -669,8 +695,8 @@ def check_authenticated(log: Log, settings: Settings, anchors: list[bytes],
             if refused.get(position, set()) & _REFUSALS:
                 stats["refused_commands"] += 1
                 # Never decided: a refused look-alike of a decision (a DeadlockDetected on the wait-edge
-                # topic, say) is not one for the invariant checks either.
-                findings.forged.add(entry.where)
+                # topic, say) is not one for the other checks either.
+                findings.intrusions.add(entry.where)
                 continue
             pending = entry.offset > reached.get((entry.topic, entry.partition), -1)
             findings.add("authenticated", f"{kind} should have been refused ({problem}), and no worker refused it "
@@ -682,10 +708,23 @@ def check_authenticated(log: Log, settings: Settings, anchors: list[bytes],
 
 
 def refused_positions(log: Log, settings: Settings) -> set[tuple[str, int, int]]:
-    """Inputs the workers' trust gate refused (dead-lettered unauthenticated or forbidden): never decided."""
+    """Inputs the workers refused before deciding (dead-lettered unauthenticated, forbidden or misrouted)."""
     return {(e.record.source.topic, e.record.source.partition, e.record.source.offset)
             for e in log.of(settings.topics.dead_letter)
             if isinstance(e.record, DeadLetter) and e.record.reason in _REFUSALS}
+
+
+def refused_inputs(log: Log, settings: Settings) -> list[dict[str, Any]]:
+    """Every input the workers refused before deciding it, where and why (oldest first): the traces of
+    forged, unauthorized and misrouted commands, which changed nothing."""
+    out = []
+    for entry in log.of(settings.topics.dead_letter):
+        letter = entry.record
+        if isinstance(letter, DeadLetter) and letter.reason in _REFUSALS:
+            source = letter.source
+            out.append({"where": f"{source.topic}[{source.partition}]@{source.offset}", "reason": letter.reason,
+                        "detail": letter.detail[:300], "at_ms": entry.timestamp_ms})
+    return sorted(out, key=lambda r: (r["at_ms"], r["where"]))
 
 
 def _resource_of(record: Record | None) -> str | None:

@@ -1,10 +1,11 @@
 """Replaying the log through the processors' own code: audit, time travel and what-if.
 
 ``Engine`` holds the state the three processors keep in tables (lease books,
-contents, wait-for graphs, sagas) in plain dictionaries, and decides each message
-with the same functions the worker calls (``shells.processors``), collecting what the
-worker would have sent. Tools are not run again: an accepted intent gets the
-outcome the log recorded for it.
+contents, wait-for graph rows, sagas) in plain dictionaries, and decides each message
+through the very path the workers' runtimes call (``shells.pipeline.Pipeline``: decode,
+partition, trust gate, shell, quarantine, dead letter), collecting what the worker would
+have sent. Tools are not run again: an accepted intent gets the outcome the log
+recorded for it.
 
 - ``rederive``: feed every recorded input, partition by partition, and return what
   each input yields, for audit to compare with what the log recorded.
@@ -46,22 +47,21 @@ from contract import (
     WaitEdgeRemoved,
 )
 from contract.codec import Codec, default_codec
-from contract.identity import IdentityError, Refused, Registry, anchors_for
+from contract.identity import IdentityError, Refused, Registry, Verified, anchors_for
 from contract.partitioning import partition_for
 from contract.settings import Settings
 from cores.gateway import ContentState, ToolOutcome
 from cores.leases import LeaseBook
 from cores.saga import COMPENSATED, COMPLETED, Saga
-from cores.waitgraph import VictimPolicy, WaitGraph
-from shells import DictGraphStore, Routes, Rules, Shells, build_shells
-from shells.trust import Admitted, Gate, refusal_answers
+from cores.waitgraph import VictimPolicy
+from shells import Routes, Rules
+from shells.pipeline import Pipeline, RawInput, input_topics
+from shells.trust import Gate
 
 from .log import Entry, Log
 
 Output = tuple[str, bytes, Record]
-"""(topic, key, record): one thing the worker would have sent."""
-DEAD_LETTER = "<dead-letter>"
-"""The pseudo-topic of an output that says: this input is dead-lettered."""
+"""(topic, key, record): one thing the worker would have sent (a dead letter on the dead-letter topic)."""
 
 
 class RecordedTools:
@@ -194,17 +194,16 @@ class ReplayTrust:
             self.registry.apply(entry.topic, entry.key, entry.value_bytes(self.codec), entry.headers, entry.record)
             self._next += 1
 
-    def admit(self, entry: Entry) -> Admitted | Refused:
+    async def admit(self, raw: RawInput, record: Record) -> Verified | Refused | None:
         """The gate's verdict on one input, as the workers reached it."""
-        assert entry.record is not None
-        self._registry_at(entry.timestamp_ms)
-        return self.gate.admit(entry.topic, entry.key, entry.value_bytes(self.codec), entry.headers, entry.record,
-                               entry.timestamp_ms)
+        self._registry_at(raw.timestamp_ms)
+        value = raw.value if raw.value is not None else self.codec.encode(record)
+        return self.gate.admit(raw.topic, raw.key, value, raw.headers, record, raw.timestamp_ms)
 
 
 @dataclass(repr=False)
 class Engine:
-    """The processors' state and decisions, without Kafka: the worker's shells over dicts."""
+    """The processors' state and decisions, without Kafka: the workers' pipeline over dicts."""
 
     settings: Settings
     tools: Any
@@ -216,64 +215,46 @@ class Engine:
     """The trust gate every input passes first (None: the log's workers did not verify)."""
     books: dict[bytes, LeaseBook] = field(default_factory=dict)
     contents: dict[bytes, ContentState] = field(default_factory=dict)
-    graphs: dict[bytes, WaitGraph] = field(default_factory=dict)
+    graph_rows: dict[bytes, bytes] = field(default_factory=dict)
+    """The wait-for graphs as the worker keeps them: one row per edge (``shells.deadlock.RowGraphStore``)."""
     sagas: dict[bytes, Saga] = field(default_factory=dict)
-    _out: list[Output] = field(default_factory=list)
-    shells: Shells = field(init=False)
+    pipeline: Pipeline = field(init=False)
 
     def __post_init__(self) -> None:
         rules = self.rules or Rules.from_settings(self.settings)
         if self.victim_policy is not None:
             rules = replace(rules, victim_policy=self.victim_policy)
         self.rules = rules
-        self.shells = build_shells(rules, self.settings.topics, self.settings.partitions, books=self.books,
-                                   contents=self.contents, graphs=DictGraphStore(self.graphs), sagas=self.sagas,
-                                   tools=self.tools, send=self._send)
+        tables: dict[str, Any] = {"books": self.books, "contents": self.contents, "graphs": self.graph_rows,
+                                  "sagas": self.sagas}
+        self.pipeline = Pipeline(rules, self.settings.topics, self.settings.partitions, tables, self.tools,
+                                 default_codec(self.settings.max_message_bytes), trust=self.trust, quiet=True)
+        self._inputs = frozenset(input_topics(self.settings.topics))
 
     def __repr__(self) -> str:  # short: see ``Log.__repr__``
-        return (f"<Engine: {len(self.books)} lease books, {len(self.contents)} contents, {len(self.graphs)} graphs, "
-                f"{len(self.sagas)} sagas>")
-
-    async def _send(self, topic: str, key: bytes, record: Record) -> None:
-        self._out.append((topic, key, record))
+        return (f"<Engine: {len(self.books)} lease books, {len(self.contents)} contents, "
+                f"{len(self.graph_rows)} wait-for rows, {len(self.sagas)} sagas>")
 
     async def decide(self, entry: Entry, trusted: bool = False) -> list[Output]:
         """What the worker sends for one input message (an input topic's message). ``trusted``:
         skip the trust gate (a what-if routes the processors' own commands unsigned)."""
-        self._out = []
-        shell = self.shells.for_topic(entry.topic)
-        if shell is None:
-            return self._out
-        if entry.record is None:
-            return [(DEAD_LETTER, entry.key or b"", _NOTHING)]
-        sender: Admitted = None
-        if self.trust is not None and not trusted:
-            admitted = self.trust.admit(entry)
-            if isinstance(admitted, Refused):
-                # As the worker: the agent it names is told (where the input has an answer), no state changes.
-                answers = refusal_answers(entry.record, admitted, self.trust.routes, entry.timestamp_ms, entry.cause)
-                return [*answers, (DEAD_LETTER, entry.key or b"", _NOTHING)]
-            sender = admitted
-        try:
-            problem = await shell.handle(entry.key, entry.record, entry.timestamp_ms, entry.cause, sender=sender)
-        except Exception:
-            # The worker quarantines such an input (processor_failed, nothing sent): so does the replay.
-            self._out = []
-            return [(DEAD_LETTER, entry.key or b"", _NOTHING)]
-        if problem is not None:
-            self._out.append((DEAD_LETTER, entry.key or b"", _NOTHING))
-        return self._out
+        if entry.topic not in self._inputs:
+            return []
+        raw = RawInput(entry.topic, entry.partition, entry.offset, entry.key,
+                       entry.raw if entry.record is None else entry.value, entry.headers, entry.timestamp_ms,
+                       entry.record)
+        outcome = await self.pipeline.process(raw, trusted=trusted)
+        return [(topic, key, record) for topic, key, record, _value in outcome.outputs]
+
+    def wait_edges(self) -> list[Any]:
+        """Every wait-for edge in every graph."""
+        store = self.pipeline.graph_store
+        keys = sorted({row.split(b"\x00", 1)[0] for row in self.graph_rows})
+        return [edge for key in keys for edge in store.get(key).edges.values()]
 
     def open_sagas(self) -> list[Saga]:
         """Sagas that have not finished."""
         return [s for s in self.sagas.values() if s.status not in (COMPLETED, COMPENSATED)]
-
-
-class _Nothing(Record):
-    """Placeholder record of a dead-letter output."""
-
-
-_NOTHING = _Nothing()
 
 
 @contextmanager
@@ -303,15 +284,9 @@ def new_engine(log: Log, settings: Settings, *, simulated: bool = False,
                   trust=ReplayTrust.of(log, settings, rules))
 
 
-def input_topics(settings: Settings) -> tuple[str, str, str]:
-    """The topics the processors read."""
-    t = settings.topics
-    return t.resource_commands, t.wait_edges, t.saga_commands
-
-
 def inputs(log: Log, settings: Settings) -> Iterator[Entry]:
     """Every input message, partition by partition, in offset order."""
-    for topic in input_topics(settings):
+    for topic in input_topics(settings.topics):
         yield from log.of(topic)
 
 
@@ -400,7 +375,7 @@ async def state_at(log: Log, settings: Settings, moment: Moment) -> dict[str, An
                       for key, book in sorted(engine.books.items())],
         "wait_for": sorted(
             ({"waiter": e.waiter, "holder": e.holder, "resource": e.resource, "source": e.source}
-             for graph in engine.graphs.values() for e in graph.edges.values()),
+             for e in engine.wait_edges()),
             key=lambda e: (e["waiter"], e["holder"], e["resource"] or "")),
         "open_sagas": [{"saga_id": s.saga_id, "agent_id": s.agent_id, "status": s.status, "steps": sorted(s.steps),
                         "compensated": list(s.compensated)} for s in engine.open_sagas()],
@@ -519,7 +494,7 @@ async def simulate(log: Log, settings: Settings, policy: Policy | None = None,
     """
     policy = policy or Policy()
     engine = new_engine(log, settings, simulated=True, victim_policy=policy.victim)
-    inbound = set(input_topics(settings))
+    inbound = set(input_topics(settings.topics))
     # (time, sequence, input, routed): routed inputs are the processors' own commands, passed on unsigned.
     queue = [(entry.timestamp_ms, seq, entry, False)
              for seq, entry in enumerate(outside if outside is not None else outside_inputs(log, settings, policy))]
@@ -528,9 +503,11 @@ async def simulate(log: Log, settings: Settings, policy: Policy | None = None,
     produced = Log(settings.topics, source=f"what-if of {log.source}", partition_count=settings.partitions)
 
     def append(topic: str, key: bytes | None, now: int, record: Record | None, raw: bytes | None = None,
-               headers: tuple[tuple[str, bytes], ...] = (), value: bytes | None = None) -> Entry:
-        partition = partition_for(key or b"", settings.partitions) if topic != settings.topics.resource_commands \
-            or not isinstance(record, LockTick) else record.partition
+               headers: tuple[tuple[str, bytes], ...] = (), value: bytes | None = None,
+               recorded: int = -1) -> Entry:
+        # A recorded input stays on its partition (one on the wrong partition is refused there again).
+        partition = recorded if recorded >= 0 else record.partition if isinstance(record, LockTick) \
+            else partition_for(key or b"", settings.partitions)
         entries = produced.partitions.setdefault((topic, partition), [])
         entry = Entry(topic, partition, len(entries), now, key, record, raw, headers, value)
         entries.append(entry)
@@ -545,9 +522,9 @@ async def simulate(log: Log, settings: Settings, policy: Policy | None = None,
                                    f"(last: {type(queue[0][2].record).__name__} at {queue[0][0]})")
             now, _, pending, routed = heapq.heappop(queue)
             entry = append(pending.topic, pending.key, now, pending.record, pending.raw, pending.headers,
-                           pending.value)
+                           pending.value, pending.partition)
             for topic, key, record in await engine.decide(entry, trusted=routed):
-                if topic == DEAD_LETTER:
+                if topic == settings.topics.dead_letter:
                     continue
                 if topic in inbound:
                     seq += 1

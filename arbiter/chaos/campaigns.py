@@ -66,6 +66,7 @@ from contract import (
 from contract.clock import now_ms
 from contract.identity import Signer
 from contract.kafkaauth import kafka_client_options
+from contract.partitioning import partition_for
 
 from .rig import ChaosError, LogFollower, Rig, close_quietly
 from .workload import Phase, Workload, percentile
@@ -575,8 +576,8 @@ class Malformed(Campaign):
         if self._producer is not None:
             await self._producer.stop()
 
-    def _records(self) -> list[tuple[str, str, bytes | None, bytes, list[tuple[str, bytes]] | None]]:
-        """One of each kind: (what, topic, key, value, headers)."""
+    def _records(self) -> list[tuple[str, str, bytes | None, bytes, list[tuple[str, bytes]] | None, int | None]]:
+        """One of each kind: (what, topic, key, value, headers, partition: None for the key's own)."""
         s, rng = self.rig.settings, self.rng
         t = s.topics
         codec = default_codec(s.max_message_bytes)
@@ -591,10 +592,11 @@ class Malformed(Campaign):
         def signed(signer: Signer, topic: str, key: bytes | None, value: bytes) -> list[tuple[str, bytes]]:
             return signer.sign(topic, key, value, now_ms())
 
-        out: list[tuple[str, str, bytes | None, bytes, list[tuple[str, bytes]] | None]] = []
+        out: list[tuple[str, str, bytes | None, bytes, list[tuple[str, bytes]] | None, int | None]] = []
 
-        def add(what: str, topic: str, key: bytes | None, value: bytes, signer: Signer | None) -> None:
-            out.append((what, topic, key, value, signed(signer, topic, key, value) if signer else None))
+        def add(what: str, topic: str, key: bytes | None, value: bytes, signer: Signer | None,
+                partition: int | None = None) -> None:
+            out.append((what, topic, key, value, signed(signer, topic, key, value) if signer else None, partition))
 
         garbage = rng.randbytes(rng.randint(1, 200))
         add("garbage bytes, unsigned", rng.choice([t.resource_commands, t.wait_edges, t.saga_commands]),
@@ -628,10 +630,13 @@ class Malformed(Campaign):
         original = codec.encode(request("intruder", own))
         out.append(("tampered: signed, then the value changed", t.resource_commands, own.encode(),
                     codec.encode(request("intruder", own, ttl_ms=3_600_000)),
-                    signed(intruder, t.resource_commands, own.encode(), original)))
+                    signed(intruder, t.resource_commands, own.encode(), original), None))
         add("absurd values: a TTL of -1 ms", t.resource_commands, own.encode(),
             codec.encode(request("intruder", own, ttl_ms=-1)), intruder)
         add("a null key", t.resource_commands, None, codec.encode(request("intruder", own)), intruder)
+        request_value = codec.encode(request("intruder", own))
+        add("signed, on a partition its key does not hash to", t.resource_commands, own.encode(), request_value,
+            intruder, partition=(partition_for(own.encode(), s.partitions) + 1) % s.partitions)
         add("outside its prefixes: a lease on an honest agent's account", t.resource_commands, theirs.encode(),
             codec.encode(request("intruder", theirs)), intruder)
         return out
@@ -640,8 +645,8 @@ class Malformed(Campaign):
         assert self._producer is not None
         while not await self.pause(self.every):
             burst = self._records() + self._records()
-            futures = [(what, await self._producer.send(topic, value, key=key, headers=headers))
-                       for what, topic, key, value, headers in burst]
+            futures = [(what, await self._producer.send(topic, value, key=key, headers=headers, partition=partition))
+                       for what, topic, key, value, headers, partition in burst]
             for what, future in futures:
                 meta = await future
                 self.injected[f"{meta.topic}[{meta.partition}]@{meta.offset}"] = what

@@ -67,7 +67,7 @@ def test_any_well_typed_record_on_any_topic_is_decided_or_refused_never_raises(r
     engine = Engine(settings_, _Tools())
     name = {"commands": settings_.topics.resource_commands, "edges": settings_.topics.wait_edges,
             "sagas": settings_.topics.saga_commands}[topic]
-    shell = engine.shells.for_topic(name)
+    shell = engine.pipeline.shells.for_topic(name)
     assert shell is not None
     problem = asyncio.run(shell.handle(key, record, 1_000_000, Cause(topic=name, partition=0, offset=0)))
     assert problem is None or isinstance(problem, ContractError)
@@ -78,7 +78,7 @@ def test_records_of_another_topic_are_refused_not_decided(topic: str) -> None:
     settings_ = Settings()
     engine = Engine(settings_, _Tools())
     name = getattr(settings_.topics, topic)
-    shell = engine.shells.for_topic(name)
+    shell = engine.pipeline.shells.for_topic(name)
     assert shell is not None
     lock = LockRequested(request_id="r", agent_id="a", resource="saga:x", mode="exclusive", ttl_ms=1000,
                          wait_ms=0, sent_at_ms=1_000_000)
@@ -90,4 +90,4 @@ def test_records_of_another_topic_are_refused_not_decided(topic: str) -> None:
                                            cause))
         if home != topic:
             assert isinstance(problem, ContractError), (record, topic)
-    assert engine.books == {} and engine.sagas == {} and not any(g.edges for g in engine.graphs.values())
+    assert engine.books == {} and engine.sagas == {} and not engine.wait_edges()

@@ -38,6 +38,7 @@ from typing import Any
 from arbiter.audit.log import Entry, Log, read_log, write_archive
 from contract import DeadLetter, LockTick, Pong, Record
 from contract.settings import Settings, Topics, load_settings
+from shells.pipeline import input_topics
 
 HERE = Path(__file__).resolve().parent
 STORIES = {
@@ -126,11 +127,6 @@ async def unreadable_inputs(settings: Settings) -> list[str]:
     return [f"{tp.topic}[{tp.partition}]: offsets {ends['read_committed'][tp]} to {ends['read_uncommitted'][tp] - 1} "
             "are held by a transaction that has not committed: no worker can read them yet"
             for tp in tps if ends["read_uncommitted"][tp] - ends["read_committed"][tp] > 10]
-
-
-def input_topics(topics: Topics) -> tuple[str, str, str]:
-    """The topics the processors read."""
-    return topics.resource_commands, topics.wait_edges, topics.saga_commands
 
 
 async def settle(settings: Settings, timeout: float = 60.0, alive: Callable[[], None] | None = None) -> Log:

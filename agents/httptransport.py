@@ -107,8 +107,8 @@ class HttpTransport:
     async def start(self) -> None:
         """Open the session (trying each door once); raise ``DoorRefused`` or ``ArbiterUnavailable``."""
         if not self.api_key:
-            raise ValueError(f"no API key for {self.agent_id!r}: pass api_key= (from 'arbiter agents add "
-                             f"{self.agent_id} --print-api-key') or set ARBITER_API_KEY")
+            raise ValueError(f"no API key for {self.agent_id!r}: pass api_key= (a front-door credential from "
+                             f"'arbiter agents api-key {self.agent_id}') or set ARBITER_API_KEY")
         await self._connect(attempts=len(self.urls))
         self._reader = asyncio.create_task(self._read(), name=f"arbiter-session-{self.agent_id}")
 

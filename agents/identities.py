@@ -118,7 +118,7 @@ class Registrar:
             raise IdentityError(f"{name!r} cannot be an identity: {problem}")
         if role not in (ROLE_AGENT, ROLE_WORKER):
             raise IdentityError(f"role must be {ROLE_AGENT} or {ROLE_WORKER}, not {role!r}")
-        if any(e.name == name and e.status == ACTIVE for e in await self.entries()):
+        if any(e.name == name and e.status == ACTIVE and not e.credential for e in await self.entries()):
             raise IdentityError(f"{name!r} already has an active key: rotate it ('arbiter agents rotate {name}') "
                                 f"or revoke it first")
         signer = Signer.generate(name)
@@ -128,8 +128,9 @@ class Registrar:
         return signer
 
     async def rotate(self, name: str, *, keep_key: bool = True) -> Signer:
-        """A new key for ``name`` (same role and prefixes); its old keys stop verifying shortly after."""
-        current = [e for e in await self.entries() if e.name == name and e.status == ACTIVE]
+        """A new key for ``name`` (same role and prefixes); its old keys stop verifying shortly after.
+        Its front-door credentials stay as they are (each is revoked on its own)."""
+        current = [e for e in await self.entries() if e.name == name and e.status == ACTIVE and not e.credential]
         if not current:
             raise IdentityError(f"{name!r} has no active key to rotate; add it with 'arbiter agents add {name}'")
         newest = max(current, key=lambda e: e.valid_from_ms)
@@ -148,7 +149,8 @@ class Registrar:
         return signer
 
     async def revoke(self, name: str, reason: str) -> list[IdentityRegistered]:
-        """Revoke every active key of ``name``; commands appended after the returned ends are refused."""
+        """Revoke every active key of ``name``, its credentials included; commands appended after the
+        returned ends are refused."""
         current = [e for e in await self.entries() if e.name == name and e.status == ACTIVE]
         if not current:
             raise IdentityError(f"{name!r} has no active key")
@@ -156,6 +158,58 @@ class Registrar:
         revoked = [e.model_copy(update={"status": REVOKED, "ended_at_ms": ends, "reason": reason or "revoked",
                                         "at_ms": now_ms()}) for e in current]
         await self.publish(revoked)
+        await _until(ends)
+        return revoked
+
+    async def issue_credential(self, name: str, *, label: str = "", allow: Iterable[str] | None = None,
+                               expires_in_s: float | None = None) -> tuple[Signer, IdentityRegistered]:
+        """A front-door credential of agent ``name``: a key pair of its own, registered for ``name`` with
+        ``label``, scoped to ``allow`` (at most the agent's prefixes; default: the agent's), ending after
+        ``expires_in_s`` if given. Its private key goes back to the caller only (as an API key): the
+        agent's own key never leaves its holder."""
+        entries = await self.entries()
+        own = [e for e in entries if e.name == name and e.status == ACTIVE and not e.credential]
+        if not own:
+            raise IdentityError(f"{name!r} has no active key: add the agent first ('arbiter agents add {name}')")
+        identity = max(own, key=lambda e: e.valid_from_ms)
+        if identity.role != ROLE_AGENT:
+            raise IdentityError(f"{name!r} is a {identity.role}: only agents use the front door")
+        scope = list(identity.allow) if allow is None else [p for p in allow if p]
+        outside = [p for p in scope if identity.allow and not any(p.startswith(a) for a in identity.allow)]
+        if outside or (identity.allow and not scope):
+            raise IdentityError(f"a credential of {name!r} is scoped within its prefixes "
+                                f"({', '.join(identity.allow)}); not {', '.join(outside) or 'every resource'}")
+        label = label or f"door-{uuid.uuid4().hex[:8]}"
+        problem = valid_name(label)
+        if problem:
+            raise IdentityError(f"credential label {label!r}: {problem}")
+        if any(e.name == name and e.credential == label and e.status == ACTIVE for e in entries):
+            raise IdentityError(f"{name!r} already has an active credential {label!r}: revoke it first "
+                                f"('arbiter agents revoke {name} --credential {label}') or choose another label")
+        if expires_in_s is not None and expires_in_s <= 0:
+            raise IdentityError("a credential's expiry is a positive duration")
+        signer = Signer.generate(name)
+        entry = self._entry(signer, ROLE_AGENT, identity.tenant, scope).model_copy(update={
+            "credential": label,
+            "ended_at_ms": None if expires_in_s is None else now_ms() + round(expires_in_s * 1000)})
+        await self.publish([entry])
+        return signer, entry
+
+    async def revoke_credential(self, name: str, credential: str, reason: str) -> IdentityRegistered:
+        """Revoke one front-door credential of ``name`` (by label or key id); the agent's own key and its
+        other credentials stay good. Commands appended after the returned end are refused."""
+        found = [e for e in await self.entries() if e.name == name and e.credential and e.status == ACTIVE
+                 and (credential in (e.credential, e.key_id) or (len(credential) >= 8
+                                                                  and e.key_id.startswith(credential)))]
+        if not found:
+            raise IdentityError(f"{name!r} has no active credential {credential!r} ('arbiter agents list' shows "
+                                "them)")
+        if len(found) > 1:
+            raise IdentityError(f"{credential!r} names {len(found)} credentials of {name!r}: give the label")
+        ends = now_ms() + END_GRACE_MS
+        revoked = found[0].model_copy(update={"status": REVOKED, "ended_at_ms": ends, "reason": reason or "revoked",
+                                              "at_ms": now_ms()})
+        await self.publish([revoked])
         await _until(ends)
         return revoked
 
@@ -177,7 +231,7 @@ async def ensure_identity(settings: Settings, name: str, role: str = ROLE_AGENT)
             registrar = Registrar(settings, create_admin=False)
             entries = await registrar.entries()
             if not any(e.key_id == signer.key_id for e in entries):
-                if any(e.name == name and e.status == ACTIVE for e in entries):
+                if any(e.name == name and e.status == ACTIVE and not e.credential for e in entries):
                     raise IdentityError(f"{path} is not {name!r}'s registered key (another key is active); "
                                         f"remove the file, or rotate {name!r}")
                 await registrar.publish([registrar._entry(signer, role, "", [])])
@@ -191,6 +245,15 @@ async def ensure_identity(settings: Settings, name: str, role: str = ROLE_AGENT)
         raise
 
 
+
+
+async def ensure_credential(settings: Settings, name: str) -> Signer:
+    """Development (``auto_enroll``): a fresh front-door credential of agent ``name`` (its identity issued
+    first if it has none), issued with this home's admin key and good for a day."""
+    await ensure_identity(settings, name)
+    signer, _entry = await Registrar(settings, create_admin=False).issue_credential(
+        name, label=f"auto-{uuid.uuid4().hex[:8]}", expires_in_s=24 * 3600)
+    return signer
 
 
 class Operator:

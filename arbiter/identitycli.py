@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import click
 from aiokafka.errors import KafkaError
 
 from agents.identities import Registrar, ensure_identity
-from contract.identity import ROLE_AGENT, ROLE_WORKER, IdentityError, key_file, read_private_key
+from contract import IdentityRegistered
+from contract.identity import ROLE_AGENT, ROLE_WORKER, IdentityError, key_file
 from contract.settings import Settings
 
 from .console import fail, say, settings_of
@@ -49,8 +51,8 @@ def agents() -> None:
 @click.option("--role", type=click.Choice([ROLE_AGENT, ROLE_WORKER]), default=ROLE_AGENT, show_default=True)
 @click.option("--print-key", is_flag=True, help="Print the private key once (for a secret store) instead of "
                                                 "writing it under ARBITER_HOME/keys.")
-@click.option("--print-api-key", is_flag=True, help="Print the agent's API key for the front door once "
-                                                    "(arbiter serve) instead of writing the key file.")
+@click.option("--print-api-key", is_flag=True, help="Also issue a front-door credential and print its API key "
+                                                    "once (as 'arbiter agents api-key NAME' does).")
 @click.pass_context
 def agents_add(ctx: click.Context, name: str, tenant: str, allow: str, role: str, print_key: bool,
                print_api_key: bool) -> None:
@@ -59,33 +61,62 @@ def agents_add(ctx: click.Context, name: str, tenant: str, allow: str, role: str
     prefixes = [p.strip() for p in allow.split(",") if p.strip()]
     if print_api_key and role != ROLE_AGENT:
         fail("only agents use the front door: --print-api-key goes with --role agent")
-    signer = _run(Registrar(settings).add(name, role=role, tenant=tenant, allow=prefixes,
-                                          keep_key=not (print_key or print_api_key)))
-    if print_api_key:
-        click.echo(signer.api_key())
-        say(f"added agent {name!r} (key {signer.key_id[:16]}); the API key above is shown once: store it and send "
-            f"it as 'Authorization: Bearer <key>' to the front door (or ARBITER_API_KEY for the SDK)")
-    elif print_key:
+    registrar = Registrar(settings)
+    signer = _run(registrar.add(name, role=role, tenant=tenant, allow=prefixes, keep_key=not print_key))
+    if print_key:
         click.echo(signer.private_pem().decode(), nl=False)
         say(f"added {role} {name!r} (key {signer.key_id[:16]}); the private key above is shown once: store it and "
             f"give it to the agent as ARBITER_IDENTITY_KEY")
     else:
         say(f"added {role} {name!r} (key {signer.key_id[:16]}); private key in {key_file(settings.home, name)}")
+    if print_api_key:
+        credential, entry = _run(registrar.issue_credential(name))
+        click.echo(credential.api_key())
+        _say_issued(entry)
+
+
+def _say_issued(entry: IdentityRegistered) -> None:
+    expiry = "no expiry" if entry.ended_at_ms is None else f"expires at {_when(entry.ended_at_ms)}"
+    say(f"issued the front-door credential {entry.credential!r} of {entry.name!r} (key {entry.key_id[:16]}, "
+        f"{expiry}, allow={','.join(entry.allow) or '*'}); the API key above is shown once: send it as "
+        f"'Authorization: Bearer <key>' to the front door (or ARBITER_API_KEY for the SDK). Revoke it alone with "
+        f"'arbiter agents revoke {entry.name} --credential {entry.credential}'")
+
+
+def _when(at_ms: int) -> str:
+    return datetime.fromtimestamp(at_ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @agents.command("api-key")
 @click.argument("name")
+@click.option("--label", default="", help="A name for this credential (default: a random one), to revoke it by.")
+@click.option("--expires", default="", help="How long it is good for, e.g. 30m, 12h, 90d (default: until revoked).")
+@click.option("--allow", default=None, help="Prefixes it may act on, within the agent's (comma separated; "
+                                            "default: the agent's).")
 @click.pass_context
-def agents_api_key(ctx: click.Context, name: str) -> None:
-    """Print NAME's API key for the front door, made from its key file under ARBITER_HOME/keys."""
+def agents_api_key(ctx: click.Context, name: str, label: str, expires: str, allow: str | None) -> None:
+    """Issue NAME a front-door credential and print its API key once.
+
+    The API key is a key pair of its own, registered for NAME: the agent's own signing key never goes
+    to a door. Each credential can be scoped, can expire, and is revoked alone."""
     settings = settings_of(ctx)
-    path = key_file(settings.home, name)
-    if not path.exists():
-        fail(f"no key file for {name!r} at {path}", f"issue one with 'arbiter agents add {name}'")
     try:
-        click.echo(read_private_key(path, name).api_key())
-    except IdentityError as exc:
+        seconds = _duration_s(expires) if expires else None
+    except ValueError as exc:
         fail(str(exc))
+    prefixes = None if allow is None else [p.strip() for p in allow.split(",") if p.strip()]
+    credential, entry = _run(Registrar(settings).issue_credential(name, label=label, allow=prefixes,
+                                                                  expires_in_s=seconds))
+    click.echo(credential.api_key())
+    _say_issued(entry)
+
+
+def _duration_s(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = text[:-1], text[-1:]
+    if unit not in units or not number.replace(".", "", 1).isdigit() or float(number) <= 0:
+        raise ValueError(f"--expires {text!r}: expected a positive number and a unit (s, m, h, d), e.g. 12h")
+    return float(number) * units[unit]
 
 
 @agents.command("list")
@@ -97,12 +128,15 @@ def agents_list(ctx: click.Context, as_json: bool) -> None:
     entries = _run(Registrar(settings).entries())
     for e in entries:
         row = {"name": e.name, "role": e.role, "status": e.status, "key_id": e.key_id[:16], "tenant": e.tenant,
-               "allow": e.allow, "valid_from_ms": e.valid_from_ms, "ended_at_ms": e.ended_at_ms, "reason": e.reason}
+               "allow": e.allow, "valid_from_ms": e.valid_from_ms, "ended_at_ms": e.ended_at_ms, "reason": e.reason,
+               "credential": e.credential}
         if as_json:
             click.echo(json.dumps(row, sort_keys=True))
         else:
             allow = ",".join(e.allow) or "*"
             click.echo(f"{e.name:<24} {e.role:<7} {e.status:<8} {e.key_id[:16]}  allow={allow}"
+                       + (f"  credential={e.credential}" if e.credential else "")
+                       + (f"  ends={_when(e.ended_at_ms)}" if e.ended_at_ms is not None else "")
                        + (f"  tenant={e.tenant}" if e.tenant else "") + (f"  ({e.reason})" if e.reason else ""))
     if not entries and not as_json:
         say("no identities registered yet; add one with 'arbiter agents add NAME'")
@@ -124,10 +158,18 @@ def agents_rotate(ctx: click.Context, name: str, print_key: bool) -> None:
 @agents.command("revoke")
 @click.argument("name")
 @click.option("--reason", default="revoked by an operator", show_default=True, help="Why (kept in the registry).")
+@click.option("--credential", default="", help="Revoke only this front-door credential (its label or key id); "
+                                               "the agent's own key and other credentials stay good.")
 @click.pass_context
-def agents_revoke(ctx: click.Context, name: str, reason: str) -> None:
-    """Revoke every key of NAME: its commands are refused from now on."""
+def agents_revoke(ctx: click.Context, name: str, reason: str, credential: str) -> None:
+    """Revoke every key of NAME (its credentials too), or one credential: commands signed with it are
+    refused from now on."""
     settings = settings_of(ctx)
+    if credential:
+        entry = _run(Registrar(settings).revoke_credential(name, credential, reason))
+        say(f"revoked the credential {entry.credential!r} of {name!r} (key {entry.key_id[:16]}); calls with it are "
+            "refused from now on, and the agent's other keys stay good")
+        return
     revoked = _run(Registrar(settings).revoke(name, reason))
     say(f"revoked {len(revoked)} key(s) of {name!r}; commands signed with them are refused from now on")
 

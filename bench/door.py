@@ -120,27 +120,31 @@ def _load_average() -> str:
 # -- keys -------------------------------------------------------------------------------
 
 
-async def issue_keys(settings: Settings, names: Sequence[str]) -> list[Signer]:
-    """A new key for each name, registered in one pipelined batch (``Registrar.publish`` sends and
-    awaits them one at a time: seconds for a thousand)."""
+async def issue_keys(settings: Settings, names: Sequence[str],
+                     credentials: int = 0) -> tuple[list[Signer], list[Signer]]:
+    """A new key for each name, and a front-door credential for the first ``credentials`` of them,
+    registered in one pipelined batch (``Registrar.publish`` sends and awaits them one at a time:
+    seconds for a thousand). Returns (the names' own keys, the credentials' keys)."""
     registrar = Registrar(settings)
     signers = [Signer.generate(name) for name in names]
+    issued = [Signer.generate(name) for name in names[:credentials]]
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all", linger_ms=5,
                                 **kafka_client_options(settings))
     await producer.start()
     try:
         topic, now = settings.topics.registry, now_ms()
         sent = []
-        for signer in signers:
+        for signer, label in [*((s, "") for s in signers), *((s, "bench") for s in issued)]:
             entry = IdentityRegistered(key_id=signer.key_id, name=signer.name, role=ROLE_AGENT,
-                                       public_key=signer.public_raw, status=ACTIVE, valid_from_ms=now, at_ms=now)
+                                       public_key=signer.public_raw, status=ACTIVE, valid_from_ms=now, at_ms=now,
+                                       credential=label)
             value, key = registrar.codec.encode(entry), signer.key_id.encode()
             headers = registrar.admin.sign(topic, key, value, now)
             sent.append(await producer.send(topic, value, key=key, headers=headers))
         await asyncio.gather(*sent)
     finally:
         await producer.stop()
-    return signers
+    return signers, issued
 
 
 async def delete_topics(settings: Settings) -> int:
@@ -565,10 +569,11 @@ async def _rows(settings: Settings, pool: WorkerPool, rows: dict[tuple[str, int]
     """Issue the keys, start the door, measure every row (``reps`` rounds)."""
     started = time.perf_counter()
     door_names = [f"door-agent-{i}" for i in range(max(sizes, default=0))]
-    signers = await issue_keys(settings, [*door_names, *(f"sdk-agent-{i}" for i in range(sdk_agents))])
+    signers, credentials = await issue_keys(settings, [*door_names, *(f"sdk-agent-{i}" for i in range(sdk_agents))],
+                                            credentials=len(door_names))
     keys = settings.home / "door-bench-keys.json"
     keys.touch(mode=0o600)
-    keys.write_text(json.dumps([{"name": s.name, "api_key": s.api_key()} for s in signers[:len(door_names)]]))
+    keys.write_text(json.dumps([{"name": s.name, "api_key": s.api_key()} for s in credentials]))
     print(f"issued {len(signers):,} keys in {time.perf_counter() - started:.1f} s", flush=True)
     door = DoorProcess(settings)
     await asyncio.to_thread(door.start)

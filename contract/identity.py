@@ -24,6 +24,15 @@ A key stops being good when it is rotated or revoked: its record gets ``ended_at
 and a message appended by the broker at or after that time does not verify. The end is
 set a little in the future when the change is made (``END_GRACE_MS``), so that every
 worker has read it before it takes effect and a replay decides exactly as the workers did.
+A key's records only move forward (active, then ended), so an old record written again
+cannot bring an ended key back.
+
+Credentials: an identity's own key never leaves its holder. What an agent hands to the
+front door (an API key) is a *credential*: a key pair of its own, registered for the same
+identity with a label (``IdentityRegistered.credential``), scoped to at most the
+identity's prefixes, ending at an expiry if it was issued with one, and revoked alone.
+The door signs the agent's commands with it, so a worker (and an audit) verifies them as
+any signature, names the credential that made them, and applies the credential's scope.
 """
 
 from __future__ import annotations
@@ -130,7 +139,10 @@ def root_of(payload: bytes, proof: bytes) -> bytes | None:
     return digest
 
 
-API_KEY_PREFIX = "arb1"
+API_KEY_PREFIX = "arb2"
+"""An API key: ``arb2.<name>.<credential private key>``. (``arb1`` keys carried an identity's own key;
+they still parse, and the front door refuses any key that is not a registered credential.)"""
+_API_KEY_PREFIXES = ("arb1", API_KEY_PREFIX)
 
 
 def _b64url(data: bytes) -> str:
@@ -195,9 +207,10 @@ class Signer:
                                               serialization.NoEncryption())
 
     def api_key(self) -> str:
-        """This identity as one bearer string for the front door (``arbiter serve``): its name and
-        private key. It is the key itself, so it is as secret as the key file; the door signs each
-        command with it exactly as the SDK would, and keeps it only in memory."""
+        """This key as one bearer string for the front door (``arbiter serve``): the identity's name and
+        the private key. Only a credential's key is made into one (``arbiter agents api-key NAME``): the
+        door signs the agent's commands with it and keeps it only in memory, and it can be revoked
+        without touching the identity's own key."""
         raw = self.private_key.private_bytes(serialization.Encoding.Raw, serialization.PrivateFormat.Raw,
                                              serialization.NoEncryption())
         return f"{API_KEY_PREFIX}.{_b64url(self.name.encode())}.{_b64url(raw)}"
@@ -206,9 +219,9 @@ class Signer:
     def from_api_key(cls, text: str) -> Signer:
         """The signer an API key (``api_key``) carries; ``IdentityError`` if it is not one."""
         parts = text.strip().split(".")
-        if len(parts) != 3 or parts[0] != API_KEY_PREFIX:
+        if len(parts) != 3 or parts[0] not in _API_KEY_PREFIXES:
             raise IdentityError(f"an API key looks like '{API_KEY_PREFIX}.<name>.<key>' "
-                                "(from 'arbiter agents add NAME --print-api-key')")
+                                "(from 'arbiter agents api-key NAME')")
         try:
             name = _unb64url(parts[1]).decode()
             key = Ed25519PrivateKey.from_private_bytes(_unb64url(parts[2]))
@@ -273,22 +286,68 @@ class Refused:
     """Signed by a key the registry does not know (yet): worth one look at the registry's latest."""
 
 
-def _header(headers: Headers | None, name: str) -> bytes | None:
+MAX_AT_MS = 2**63 - 1
+"""A signing time is a signed 64-bit count of milliseconds (``signed_payload`` packs it so)."""
+_HEX = frozenset(b"0123456789abcdef")
+_DIGITS = frozenset(b"0123456789")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The signature headers of one message, parsed: key id, signing time, signature, batch proof."""
+
+    kid: str
+    at_ms: int
+    sig: bytes
+    proof: bytes | None
+
+
+def signature_of(headers: Headers | None) -> Signature | Refused:
+    """The signature a message carries, or why it carries none that can be checked.
+
+    Headers are input like any other: each of ``arbiter-kid``/``-at``/``-sig``/``-proof`` may appear
+    at most once, the key id is 32 lowercase hex digits, the time 1 to 19 ASCII digits within a
+    signed 64-bit integer, the signature 64 bytes. Anything else is ``unauthenticated``, never an
+    exception."""
+    found: dict[str, bytes | None] = {}
     for key, value in headers or ():
-        if key == name:
-            return bytes(value) if value is not None else None
-    return None
-
-
-def signature_of(headers: Headers | None) -> tuple[str, int, bytes] | Refused:
-    """The (key id, signing time, signature) a message carries."""
-    kid, at, sig = (_header(headers, h) for h in SIGNATURE_HEADERS)
+        if key in _SIGNED_HEADERS:
+            if key in found:
+                return Refused(Reason.UNAUTHENTICATED, f"the {key} header appears more than once")
+            found[key] = None if value is None else bytes(value)
+    kid, at, sig = (found.get(h) for h in SIGNATURE_HEADERS)
     if kid is None or at is None or sig is None:
         return Refused(Reason.UNAUTHENTICATED, "the message is not signed (no arbiter-kid/-at/-sig headers)")
-    try:
-        return kid.decode("ascii"), int(at), sig
-    except (UnicodeDecodeError, ValueError):
-        return Refused(Reason.UNAUTHENTICATED, "the signature headers are malformed")
+    if len(kid) != 32 or not set(kid) <= _HEX:
+        return Refused(Reason.UNAUTHENTICATED, "the arbiter-kid header is not a key id (32 lowercase hex digits)")
+    if not 0 < len(at) <= 19 or not set(at) <= _DIGITS or int(at) > MAX_AT_MS:
+        return Refused(Reason.UNAUTHENTICATED, "the arbiter-at header is not a signing time (ms since the epoch, "
+                                               "ASCII digits, within a signed 64-bit integer)")
+    if len(sig) != 64:
+        return Refused(Reason.UNAUTHENTICATED, f"the arbiter-sig header is {len(sig)} bytes, not an Ed25519 "
+                                               "signature (64)")
+    proof = found.get(HEADER_PROOF)
+    if HEADER_PROOF in found and proof is None:
+        return Refused(Reason.UNAUTHENTICATED, "the arbiter-proof header has no value")
+    return Signature(kid.decode("ascii"), int(at), sig, proof)
+
+
+_SIGNED_HEADERS = frozenset((*SIGNATURE_HEADERS, HEADER_PROOF))
+_STATUS_RANK = {ACTIVE: 0}
+"""How far along its life a key's record is: active, then ended (rotated or revoked). A key's
+records only move forward, so an old record written again (or copied to another partition of the
+registry topic) can never bring an ended key back."""
+
+
+def _later(new: IdentityRegistered, old: IdentityRegistered) -> bool:
+    """Whether ``new`` may replace ``old`` (the same key's record): never back to active once ended, never
+    to an earlier record, and an ended key's end never moves later."""
+    rank_new, rank_old = _STATUS_RANK.get(new.status, 1), _STATUS_RANK.get(old.status, 1)
+    if rank_new != rank_old:
+        return rank_new > rank_old
+    if rank_old and old.ended_at_ms is not None and (new.ended_at_ms is None or new.ended_at_ms > old.ended_at_ms):
+        return False
+    return new.at_ms >= old.at_ms
 
 
 class Registry:
@@ -318,19 +377,23 @@ class Registry:
         if isinstance(signature, Refused):
             self.refused.append(record.key_id)
             return signature
-        kid, at, sig = signature
-        anchor = self._anchors.get(kid)
-        if anchor is None:
+        anchor = self._anchors.get(signature.kid)
+        if anchor is None or signature.proof is not None:
             self.refused.append(record.key_id)
             return Refused(Reason.UNAUTHENTICATED, f"registry record for {record.name!r} is not signed by an admin key")
         try:
-            anchor.verify(sig, signed_payload(topic, key, value, ROLE_ADMIN, at))
+            anchor.verify(signature.sig, signed_payload(topic, key, value, ROLE_ADMIN, signature.at_ms))
         except InvalidSignature:
             self.refused.append(record.key_id)
             return Refused(Reason.UNAUTHENTICATED, f"registry record for {record.name!r}: bad admin signature")
-        if key != record.key_id.encode() or key_id_of(record.public_key) != record.key_id:
+        if key != record.key_id.encode() or len(record.public_key) != 32 \
+                or key_id_of(record.public_key) != record.key_id:
             self.refused.append(record.key_id)
             return Refused(Reason.UNAUTHENTICATED, "registry record's key id does not match its public key")
+        known = self.entries.get(record.key_id)
+        if known is not None and not _later(record, known):
+            return Refused(Reason.UNAUTHENTICATED, f"registry record for {record.name!r} ({record.status}) is older "
+                                                   f"than the one in effect ({known.status}): ignored")
         self.entries[record.key_id] = record
         self._keys[record.key_id] = Ed25519PublicKey.from_public_bytes(record.public_key)
         return None
@@ -349,7 +412,7 @@ class Registry:
         signature = signature_of(headers)
         if isinstance(signature, Refused):
             return signature
-        kid, at, sig = signature
+        kid, at, sig = signature.kid, signature.at_ms, signature.sig
         entry = self.entries.get(kid)
         public = self._keys.get(kid)
         if entry is None or public is None:
@@ -360,11 +423,12 @@ class Registry:
             entry = IdentityRegistered(key_id=kid, name=ROLE_ADMIN, role=ROLE_ADMIN, public_key=b"\0" * 32,
                                        status=ACTIVE, valid_from_ms=0, at_ms=0)
             public = anchor
-        if entry.status != ACTIVE and entry.ended_at_ms is not None and appended_at_ms >= entry.ended_at_ms:
-            return Refused(Reason.UNAUTHENTICATED, f"the key {kid[:16]} of {entry.name!r} was {entry.status} "
+        if entry.ended_at_ms is not None and appended_at_ms >= entry.ended_at_ms:
+            return Refused(Reason.UNAUTHENTICATED, f"the key {kid[:16]} of {entry.name!r} "
+                                                   f"{'expired' if entry.status == ACTIVE else 'was ' + entry.status} "
                                                    f"at {entry.ended_at_ms}")
         payload = signed_payload(topic, key, value, entry.name, at)
-        proof = _header(headers, HEADER_PROOF)
+        proof = signature.proof
         root: bytes | None = None
         if proof is None:
             signed = payload

@@ -248,6 +248,7 @@ class LockRevoked(Record):
     token: int
     reason: str
     by_request_id: str | None = None
+    by_agent_id: str | None = None
     request_sent_at_ms: int | None = None
     decided_at_ms: int
     cause: Cause
@@ -263,6 +264,7 @@ class LockCancelled(Record):
     resource: str
     reason: str
     by_request_id: str | None = None
+    by_agent_id: str | None = None
     request_sent_at_ms: int | None = None
     decided_at_ms: int
     cause: Cause
@@ -524,6 +526,7 @@ class IdentityRegistered(Record):
     valid_from_ms: int
     ended_at_ms: int | None = None
     reason: str = ""
+    credential: str = ""
     at_ms: int
 
 

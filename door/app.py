@@ -463,7 +463,7 @@ def create_app(settings: Settings, door: Door | None = None) -> FastAPI:
 
     @app.get("/healthz", tags=["status"], summary="Liveness, for a load balancer (no key needed)")
     async def healthz() -> Any:
-        return {"door": door.id, "agents": len(door.agents),
+        return {"door": door.id, "agents": len({s.name for s in door.agents.values()}),
                 "sessions": sum(len(s.sessions) for s in door.agents.values())}
 
     # -- sessions -------------------------------------------------------------------------
@@ -515,7 +515,7 @@ async def run_session(door: Door, ws: WebSocket, resume: int | None) -> None:
         return
     assert api_key is not None
     try:
-        until = await door.end_offset(state.name)
+        until = await door.end_offset(state)
         since = until if resume is None else min(resume, until)  # a resume point past the end is the end
         live.next_offset = since
         hello = {"op": "hello", "agent": state.name, "door": door.id, "offset": since,

@@ -2,14 +2,17 @@
 
 Theory of operation
 -------------------
-An agent authenticates with its API key (``contract.identity.Signer.api_key``): its name
-and private key. The door checks the key against the registry (active, an agent's, the
-name it claims) on every call, and signs the agent's commands with it exactly as the
-SDK would, so a worker verifies the agent's own signature and applies the agent's own
-rules (``cores.trust``): the door adds no authority of its own, and an agent reaches
-nothing through it that it could not reach directly. Keys live only in memory.
+An agent authenticates with an API key (``contract.identity.Signer.api_key``): a front-door
+*credential* of the agent, a key pair of its own registered for the agent's name, never
+the agent's own key (``arbiter agents api-key NAME`` issues one). The door checks it
+against the registry on every call (a credential, active, not past its expiry, an
+agent's, the name it claims) and signs the agent's commands with it, so a worker
+verifies the credential's signature and applies its scope and the agent's rules
+(``cores.trust``): the door adds no authority of its own, an agent reaches nothing
+through it that it could not reach directly, and revoking one credential stops exactly
+the calls made with it. Credentials live only in memory.
 
-Each agent the door serves has one ``AgentState``: an ``ArbiterClient`` over the
+Each credential the door serves has one ``AgentState``: an ``ArbiterClient`` over the
 process's shared Kafka clients (``agents.hub``: one producer and one inbox reader for
 the whole door, routing by key, so the cost of a decision does not grow with the number
 of agents connected), the leases it acquired over HTTP, its sagas, its token bucket,
@@ -79,8 +82,8 @@ class Refusal(Exception):
 
 def _unauthenticated(detail: str) -> Refusal:
     return Refusal(401, "unauthenticated", detail,
-                   "Send 'Authorization: Bearer <API key>' with the key from 'arbiter agents add NAME "
-                   "--print-api-key' (or 'arbiter agents api-key NAME').",
+                   "Send 'Authorization: Bearer <API key>' with a front-door credential from "
+                   "'arbiter agents api-key NAME'.",
                    headers={"WWW-Authenticate": 'Bearer realm="arbiter"'})
 
 
@@ -211,6 +214,9 @@ class Door:
         self.settings = settings
         self.id = f"door-{uuid.uuid4().hex[:8]}"
         self.agents: dict[str, AgentState] = {}
+        """By credential (its key id): each signs the commands of the calls that presented it."""
+        self._buckets: dict[str, Bucket] = {}
+        """By agent: an agent's credentials share its rate limit."""
         self._starting: dict[str, asyncio.Future[AgentState]] = {}
         self._keys: OrderedDict[bytes, Signer] = OrderedDict()
         self.registry: Registry | None = None
@@ -256,7 +262,7 @@ class Door:
         for state in list(self.agents.values()):
             for session in tuple(state.sessions):
                 session.close("the front door is shutting down; reconnect (to another door) and resume")
-        await asyncio.gather(*(self._drop(name) for name in list(self.agents)), return_exceptions=True)
+        await asyncio.gather(*(self._drop(key_id) for key_id in list(self.agents)), return_exceptions=True)
         if self._feed is not None:
             await self._feed.stop()
 
@@ -292,12 +298,17 @@ class Door:
         if entry is None:
             entry = await self._look_again(signer.key_id)
         if entry is None:
-            raise _unauthenticated(f"the key {signer.key_id[:16]} is not in the registry: add the agent with "
-                                   f"'arbiter agents add {signer.name}'")
+            raise _unauthenticated(f"the key {signer.key_id[:16]} is not in the registry: issue a credential with "
+                                   f"'arbiter agents api-key {signer.name}'")
         if entry.name != signer.name:
             raise _unauthenticated(f"the key is registered to {entry.name!r}, not {signer.name!r}")
-        if entry.status != ACTIVE and (entry.ended_at_ms is None or now_ms() >= entry.ended_at_ms):
-            raise _unauthenticated(f"the key {signer.key_id[:16]} of {entry.name!r} was {entry.status}")
+        if not entry.credential:
+            raise _unauthenticated(f"this API key carries {entry.name!r}'s own signing key, which must never travel: "
+                                   f"issue a front-door credential with 'arbiter agents api-key {entry.name}' and "
+                                   f"rotate the key ('arbiter agents rotate {entry.name}'), as it has left its holder")
+        if entry.ended_at_ms is not None and now_ms() >= entry.ended_at_ms:
+            how = "expired" if entry.status == ACTIVE else f"was {entry.status}"
+            raise _unauthenticated(f"the credential {entry.credential!r} of {entry.name!r} {how}")
         if entry.role != ROLE_AGENT:
             raise Refusal(403, "forbidden", f"{entry.name!r} is a {entry.role}; the front door serves agents only",
                           "Register an agent for this work ('arbiter agents add NAME').")
@@ -319,44 +330,46 @@ class Door:
     # -- agents -------------------------------------------------------------------------
 
     async def agent(self, signer: Signer) -> AgentState:
-        """The state of the agent ``signer`` is (its client connected on first use)."""
-        state = self.agents.get(signer.name)
+        """The state of the credential ``signer`` is (its client connected on first use)."""
+        state = self.agents.get(signer.key_id)
         if state is not None:
-            if state.client.transport._signer.key_id != signer.key_id:  # type: ignore[attr-defined]
-                # The agent's key was rotated: sign with the key it presents now.
-                state.client.transport._signer = signer  # type: ignore[attr-defined]
             state.last_used = time.monotonic()
             return state
-        starting = self._starting.get(signer.name)
+        starting = self._starting.get(signer.key_id)
         if starting is None:
-            starting = self._starting[signer.name] = asyncio.ensure_future(self._connect(signer))
-            starting.add_done_callback(lambda _: self._starting.pop(signer.name, None))
+            starting = self._starting[signer.key_id] = asyncio.ensure_future(self._connect(signer))
+            starting.add_done_callback(lambda _: self._starting.pop(signer.key_id, None))
         return await asyncio.shield(starting)
 
     async def _connect(self, signer: Signer) -> AgentState:
         client = ArbiterClient(signer.name, self.settings, signer=signer)
         await client.start()
-        state = AgentState(signer.name, client, Bucket(self.settings.door_rate, self.settings.door_burst))
+        bucket = self._buckets.get(signer.name)
+        if bucket is None:
+            bucket = self._buckets[signer.name] = Bucket(self.settings.door_rate, self.settings.door_burst)
+        state = AgentState(signer.name, client, bucket)
         client.subscribe(state.on_record)
         client.transport.on_forged = state.on_forged  # type: ignore[attr-defined]
-        self.agents[signer.name] = state
+        self.agents[signer.key_id] = state
         return state
 
-    async def _drop(self, name: str) -> None:
-        state = self.agents.pop(name, None)
+    async def _drop(self, key_id: str) -> None:
+        state = self.agents.pop(key_id, None)
         if state is not None:
             for lease in state.leases.values():
                 state.client.forget(lease)
             await state.client.close()
+            if not any(s.name == state.name for s in self.agents.values()):
+                self._buckets.pop(state.name, None)
 
     async def _reap(self) -> None:
         idle = self.settings.door_idle_seconds
         while True:
             await asyncio.sleep(min(5.0, idle / 2))
             now = time.monotonic()
-            for name, state in list(self.agents.items()):
+            for key_id, state in list(self.agents.items()):
                 if not state.sessions and state.inflight == 0 and not state.sagas and now - state.last_used > idle:
-                    await self._drop(name)
+                    await self._drop(key_id)
 
     def admit(self, state: AgentState) -> None:
         """Charge one command to the agent's rate limit; ``Refusal`` (429) when it is spent."""
@@ -405,10 +418,10 @@ class Door:
         """Where ``agent``'s inbox records are."""
         return TopicPartition(self.settings.topics.agent_inbox, partition_for(agent.encode(), self.partitions))
 
-    async def end_offset(self, agent: str) -> int:
-        """The offset the next inbox record of ``agent``'s partition will get."""
-        hub = self.agents[agent].client.transport.hub  # type: ignore[attr-defined]
-        tp = self.inbox_partition(agent)
+    async def end_offset(self, state: AgentState) -> int:
+        """The offset the next inbox record of ``state``'s agent's partition will get."""
+        hub = state.client.transport.hub  # type: ignore[attr-defined]
+        tp = self.inbox_partition(state.name)
         return int((await hub.consumer.end_offsets([tp]))[tp])
 
     async def replay(self, state: AgentState, session: Session, since: int, until: int) -> None:

@@ -79,8 +79,10 @@ async def _start(settings: Settings, pool: WorkerPool) -> dict[str, str]:
     async with ArbiterClient("warmup", settings) as client:
         await wait_until_served(client, pool, keys)
     registrar = Registrar(settings)
-    issued = {name: (await registrar.add(name)).api_key() for name in AGENTS}
-    issued["scoped"] = (await registrar.add("scoped", allow=["doc:a/"])).api_key()
+    issued = {}
+    for name, allow in [*((name, []) for name in AGENTS), ("scoped", ["doc:a/"])]:
+        await registrar.add(name, allow=allow)
+        issued[name] = (await registrar.issue_credential(name, label="http-tests"))[0].api_key()
     return issued
 
 

@@ -26,7 +26,7 @@ from websockets.exceptions import WebSocketException
 
 from agents import ArbiterClient, LeaseDenied
 from agents.httptransport import DoorRefused, HttpTransport, session_urls
-from agents.identities import Operator, ensure_identity
+from agents.identities import Operator, ensure_credential, ensure_identity
 from agents.leases import ArbiterError, ArbiterUnavailable
 from arbiter.audit.log import Entry, read_log
 from arbiter.processes import DoorProcess, WorkerPool, free_port
@@ -266,7 +266,7 @@ async def frames_until(ws: ClientConnection, done: Callable[[list[dict[str, Any]
 async def test_an_agent_cannot_act_as_another_through_the_door(kafka_settings: Settings,
                                                                door: DoorProcess) -> None:
     settings = kafka_settings
-    alice = await ensure_identity(settings, "alice")
+    alice = await ensure_credential(settings, "alice")
     await ensure_identity(settings, "bob")
     resource = "doc:bobs-plan"
     [url] = session_urls(door.url)
@@ -318,7 +318,7 @@ async def test_an_agent_cannot_act_as_another_through_the_door(kafka_settings: S
             pass
     assert (refused.value.status, refused.value.reason, refused.value.retriable) == (401, "unauthenticated", False)
     assert "registered to 'alice'" in refused.value.detail
-    # Alice's own key, presented as bob's: the door says whose key it is, and the SDK refuses it.
+    # Alice's credential, presented as bob's: the door says whose key it is, and the SDK refuses it.
     with pytest.raises(DoorRefused) as mismatch:
         async with ArbiterClient("bob", settings, url=door.url, api_key=alice.api_key()):
             pass

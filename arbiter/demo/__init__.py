@@ -58,7 +58,6 @@ from contract import (
     WaitEdgeAdded,
     default_codec,
 )
-from contract.identity import Signer
 from contract.kafkaauth import kafka_client_options
 from contract.partitioning import key_for_partition
 from contract.settings import Settings, Topics
@@ -239,18 +238,25 @@ WARMUP = "demo-warmup"
 """The agent that pings every partition until the workers serve them all (before the swarm starts)."""
 
 
-async def _enroll(settings: Settings, name: str, allow: list[str]) -> Settings:
+async def _enroll(settings: Settings, name: str, allow: list[str], door: bool = False) -> Settings:
     """Issue ``name`` a key allowed ``allow`` and register it (signed by this home's admin key);
     the settings its SDK client signs with. The key is handed over in memory, as from a secret
-    store: each run registers its agents in a registry of its own, and no key file is left over."""
+    store: each run registers its agents in a registry of its own, and no key file is left over.
+    ``door``: also a front-door credential, the API key its client hands the door (the agent's own
+    key never goes there)."""
     from agents.identities import Registrar
 
-    signer = await Registrar(settings).add(name, allow=allow, keep_key=False)
-    return settings.model_copy(update={"identity": name, "identity_key": signer.private_pem().decode()})
+    registrar = Registrar(settings)
+    signer = await registrar.add(name, allow=allow, keep_key=False)
+    update = {"identity": name, "identity_key": signer.private_pem().decode()}
+    if door:
+        credential, _entry = await registrar.issue_credential(name, label="demo")
+        update["api_key"] = credential.api_key()
+    return settings.model_copy(update=update)
 
 
-async def _enroll_all(settings: Settings, agents: dict[str, list[str]]) -> dict[str, Settings]:
-    return {name: await _enroll(settings, name, allow) for name, allow in agents.items()}
+async def _enroll_all(settings: Settings, agents: dict[str, list[str]], door: bool) -> dict[str, Settings]:
+    return {name: await _enroll(settings, name, allow, door) for name, allow in agents.items()}
 
 
 async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: LiveState, screen: Screen,
@@ -271,7 +277,7 @@ async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: Liv
         # workers issue theirs as they start, meanwhile.
         warm = await stack.enter_async_context(ArbiterClient(WARMUP, await _enroll(settings, WARMUP, ["probe:"])))
         keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
-        enrolling, serving = await asyncio.gather(_enroll_all(settings, agents),
+        enrolling, serving = await asyncio.gather(_enroll_all(settings, agents, door_url is not None),
                                                   wait_until_served(warm, pool, keys, timeout=120),
                                                   return_exceptions=True)  # both end before either is raised
         for failed in (serving, enrolling):
@@ -285,9 +291,8 @@ async def _safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: Liv
             agent = enrolled[agent_id]
             if door_url is None:
                 return ArbiterClient(agent_id, agent)
-            # Through the front door: the agent's API key carries the same key it would sign with.
-            key = Signer.from_text(agent_id, agent.identity_key).api_key()
-            return ArbiterClient(agent_id, agent, url=door_url, api_key=key)
+            # Through the front door, with the agent's credential (its API key), never its own key.
+            return ArbiterClient(agent_id, agent, url=door_url, api_key=agent.api_key)
 
         async def workspace(agent_id: str) -> SafeWorkspace:
             client = await stack.enter_async_context(connect(agent_id))

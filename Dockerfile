@@ -2,16 +2,12 @@
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
-COPY contract ./contract
-COPY cores ./cores
-COPY shells ./shells
-COPY tools ./tools
-COPY runtime ./runtime
+# arbiter/ holds links to the top-level folders (arbiter.schemas, .streams, .agents): copy all four.
+COPY schemas ./schemas
+COPY streams ./streams
 COPY agents ./agents
-COPY door ./door
 COPY arbiter ./arbiter
-COPY broker ./broker
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir ".[all]"
 USER nobody
 ENTRYPOINT []
 CMD ["arbiter", "worker"]

@@ -3,11 +3,20 @@
 The public surface is re-exported here and pinned by ``tests/test_sdk_exports.py``.
 """
 
-from .client import ArbiterClient, ArbiterTimeout, PingResult
-from .httptransport import DoorRefused
-from .leases import ArbiterError, ArbiterUnavailable, Lease, LeaseDenied, LeaseLost
-from .outcomes import Outcome, Snapshot
-from .sagas import Saga, SagaAborted, SagaStepRejected
+from arbiter.agents.client import ArbiterClient, PingResult
+from arbiter.agents.errors import (
+    ArbiterError,
+    ArbiterTimeout,
+    ArbiterUnavailable,
+    DoorRefused,
+    LeaseDenied,
+    LeaseLost,
+    SagaAborted,
+    SagaStepRejected,
+)
+from arbiter.agents.leases import Lease
+from arbiter.agents.outcomes import Outcome, Snapshot
+from arbiter.agents.sagas import Saga
 
 __all__ = [
     "ArbiterClient",

@@ -6,7 +6,7 @@ Commands go to the resource-command topic, keyed by resource (the processors dec
 per key, in order). Outcomes come back on the agent-inbox topic, keyed by agent id.
 The Kafka side of that (signing and sending, and this agent's inbox records, through
 the producer and inbox reader every client in the process shares) is
-``agents.transport`` and ``agents.hub``; this module is the facade. It hands each inbox
+``arbiter.agents.transport`` and ``arbiter.agents.hub``; this module is the facade. It hands each inbox
 record to the route registered for its request id; a record for an id it does not
 know is ignored. Nothing polls: a waiting call is a suspended future.
 """
@@ -21,15 +21,24 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
-from contract import (
+from arbiter.agents.errors import ArbiterError, ArbiterTimeout, LeaseDenied, SagaAborted
+from arbiter.agents.httptransport import HttpTransport
+from arbiter.agents.identities import ensure_credential
+from arbiter.agents.leases import Lease, OnAcquired
+from arbiter.agents.outcomes import Outcome, Snapshot
+from arbiter.agents.requests import Do, PendingAcquire
+from arbiter.agents.sagas import Saga, SagaMessage
+from arbiter.agents.transport import KafkaTransport, Transport
+from arbiter.edge.clock import now_ms
+from arbiter.edge.settings import Settings, load_settings
+from arbiter.schemas import (
     Codec,
     DeadlockDetected,
     LockCancelled,
     LockCancelRequested,
     LockDenied,
-    LockExpired,
     LockGranted,
     LockQueued,
     LockReleased,
@@ -37,7 +46,6 @@ from contract import (
     LockRenewed,
     LockRenewRequested,
     LockRequested,
-    LockRevoked,
     LockWaitTimedOut,
     Ping,
     Pong,
@@ -52,26 +60,21 @@ from contract import (
     WaitEdgeRemoved,
     default_codec,
 )
-from contract.clock import now_ms
-from contract.identity import Signer
-from contract.reasons import Reason, what_to_do
-from contract.settings import Settings, load_settings
-
-from .httptransport import HttpTransport
-from .identities import ensure_credential
-from .leases import ArbiterError, Lease, LeaseDenied, OnAcquired
-from .outcomes import Outcome, Snapshot
-from .sagas import Saga, SagaAborted, SagaMessage
-from .transport import KafkaTransport, Transport
+from arbiter.schemas.identity import Signer
+from arbiter.schemas.reasons import Reason, what_to_do
 
 Replan = Callable[[Outcome], Awaitable[tuple[int, dict[str, Any]] | None]]
+
+
+class AcquireOptions(TypedDict, total=False):
+    """``acquire``'s options, which ``lease`` and ``leases`` take too."""
+
+    ttl: float
+    mode: str
+    priority: int
+    wait: float
+    saga_id: str | None
 """replan(conflict) -> (new base version, new patch), or None to give up."""
-
-
-class ArbiterTimeout(ArbiterError, TimeoutError):
-    """No outcome arrived in time. Retriable: the command may or may not have been decided."""
-
-    retriable = True
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,6 @@ class PingResult:
 
 Route = Callable[[Record], None]
 
-_FINAL_ACQUIRE = (LockGranted, LockDenied, LockWaitTimedOut, LockCancelled)
 
 
 def _new_id() -> str:
@@ -173,6 +175,14 @@ class ArbiterClient:
         """How this client reaches Arbiter (the front door sends an agent's raw commands through it)."""
         return self._transport
 
+    @property
+    def kafka(self) -> KafkaTransport:
+        """The Kafka transport, for what a front door needs of it (inbox offsets, the forged-message
+        callback, verifying a record read back from the log); ``TypeError`` over a front door."""
+        if not isinstance(self._transport, KafkaTransport):
+            raise TypeError(f"{self.agent_id!r} talks to a front door, not to Kafka")
+        return self._transport
+
     def _on_inbox(self, record: Record) -> None:
         """Hand one inbox record to the route waiting for it (the transport's callback)."""
         for listener in tuple(self._listeners):
@@ -254,60 +264,66 @@ class ArbiterClient:
         Raises ``LeaseDenied`` (with the JSON diagnostic) when it is not granted, and
         ``ArbiterTimeout`` when no decision arrives at all.
         """
-        request_id = _new_id()
-        ttl_ms, wait_ms = round(ttl * 1000), round(wait * 1000)
         command = LockRequested(
-            request_id=request_id, agent_id=self.agent_id, resource=resource, mode=mode, ttl_ms=ttl_ms,
-            priority=priority, wait_ms=wait_ms, saga_id=saga_id, held_resources=sorted(self._held),
+            request_id=_new_id(), agent_id=self.agent_id, resource=resource, mode=mode, ttl_ms=round(ttl * 1000),
+            priority=priority, wait_ms=round(wait * 1000), saga_id=saga_id, held_resources=sorted(self._held),
             sent_at_ms=now_ms(),
         )
-        future: asyncio.Future[Record] = asyncio.get_running_loop().create_future()
-        lease: Lease | None = None
-        queued_after: list[float] = []  # seconds from sending until the LockQueued arrived
-
-        def route(record: Record) -> None:
-            if isinstance(record, LockQueued):
-                queued_after.append(time.monotonic() - sent_at)
-                if on_queued is not None:
-                    on_queued(record)
-            elif isinstance(record, _FINAL_ACQUIRE) and not future.done():
-                future.set_result(record)
-            elif isinstance(record, LockExpired | LockRevoked) and lease is not None:
-                lease.mark_lost("expired" if isinstance(record, LockExpired) else f"revoked: {record.reason}")
-
-        self._routes[request_id] = route
-        sent_at = time.monotonic()
+        pending = PendingAcquire(command.request_id, time.monotonic())
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        granted: list[Lease] = []
+        self._routes[command.request_id] = lambda record: self._follow(pending, record, answered, granted,
+                                                                        resource, on_queued)
         try:
             await self._send(resource, command)
-            outcome = await asyncio.wait_for(future, wait + self.settings.session_timeout + 10)
+            await asyncio.wait_for(answered, wait + self.settings.session_timeout + 10)
         except BaseException as exc:
-            # Timed out or cancelled while queued: withdraw, and give back a late grant.
-            self._routes[request_id] = self._orphan_route(resource)
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._send(resource, LockCancelRequested(
-                    request_id=_new_id(), agent_id=self.agent_id, resource=resource, target_request_id=request_id,
-                    sent_at_ms=now_ms())))
+            await self._withdraw(pending, resource)
             if isinstance(exc, asyncio.TimeoutError):
                 raise ArbiterTimeout(f"no decision on {resource!r} within {wait}s plus grace: "
                                      "is a worker running?") from None
             raise
-        if isinstance(outcome, LockDenied | LockWaitTimedOut | LockCancelled):
-            self._routes.pop(request_id, None)
-            denied = LeaseDenied.from_event(outcome)
-            if denied.reason == "deadlock_victim":
-                denied = await self._with_deadlock(denied)
-            raise denied
-        assert isinstance(outcome, LockGranted)
-        lease = Lease(resource=resource, agent_id=self.agent_id, request_id=request_id, token=outcome.token,
-                      mode=outcome.mode, ttl_ms=ttl_ms, expires_at_ms=outcome.expires_at_ms,
-                      resource_version=outcome.resource_version, warnings=list(outcome.warnings))
-        # Count the TTL from a moment never later than the broker's grant: the send, for an
-        # immediate grant; for a queued one, the grant's arrival less a full round trip (the
-        # LockQueued's), which bounds the grant's own way back. Never from the send of a queued
-        # request: a wait longer than the TTL would lose the lease on arrival.
-        start = sent_at if not queued_after else time.monotonic() - queued_after[0]
-        lease.extended(start, outcome.expires_at_ms, ttl_ms)
+        lease = await self._lease_of(pending, command)
+        granted.append(lease)
         self._held[resource] = lease
+        return lease
+
+    def _follow(self, pending: PendingAcquire, record: Record, answered: asyncio.Future[None],
+                granted: list[Lease], resource: str, on_queued: Callable[[LockQueued], None] | None) -> None:
+        """One inbox record of a pending acquire: do what its machine says."""
+        do = pending.feed(record, time.monotonic())
+        if do is Do.QUEUED and on_queued is not None:
+            assert isinstance(record, LockQueued)
+            on_queued(record)
+        elif do is Do.ANSWER and not answered.done():
+            answered.set_result(None)
+        elif do is Do.MARK_LOST and granted:
+            granted[0].mark_lost(pending.lost_reason or "lost")
+        elif do is Do.GIVE_BACK:
+            assert isinstance(record, LockGranted)
+            self._background(self.release_token(resource, record.token))
+
+    async def _withdraw(self, pending: PendingAcquire, resource: str) -> None:
+        """The caller stopped waiting (timed out, cancelled): withdraw the request; a late grant is given back."""
+        if pending.withdraw():
+            with contextlib.suppress(ArbiterError):  # (not reachable: the worker's expiry ends it anyway)
+                await asyncio.shield(self._send(resource, LockCancelRequested(
+                    request_id=_new_id(), agent_id=self.agent_id, resource=resource,
+                    target_request_id=pending.request_id, sent_at_ms=now_ms())))
+
+    async def _lease_of(self, pending: PendingAcquire, command: LockRequested) -> Lease:
+        """The lease a final answer grants; or its refusal raised."""
+        outcome = pending.final
+        if not isinstance(outcome, LockGranted):
+            self._routes.pop(command.request_id, None)
+            assert isinstance(outcome, LockDenied | LockWaitTimedOut | LockCancelled)
+            denied = LeaseDenied.from_event(outcome)
+            raise (await self._with_deadlock(denied)) if denied.reason == "deadlock_victim" else denied
+        lease = Lease(resource=command.resource, agent_id=self.agent_id, request_id=command.request_id,
+                      token=outcome.token, mode=outcome.mode, ttl_ms=command.ttl_ms,
+                      expires_at_ms=outcome.expires_at_ms, resource_version=outcome.resource_version,
+                      warnings=list(outcome.warnings))
+        lease.extended(pending.ttl_from(time.monotonic()), outcome.expires_at_ms, command.ttl_ms)
         return lease
 
     async def _with_deadlock(self, denied: LeaseDenied) -> LeaseDenied:
@@ -415,12 +431,6 @@ class ArbiterClient:
         await asyncio.wait_for(self._deadlock_seen.wait(), timeout)
         return self.deadlocks[-1]
 
-    def _orphan_route(self, resource: str) -> Route:
-        def route(record: Record) -> None:
-            if isinstance(record, LockGranted):
-                asyncio.get_running_loop().create_task(self.release_token(resource, record.token))
-        return route
-
     async def renew(self, lease: Lease, ttl: float | None = None, timeout: float = 10.0) -> None:
         """Extend ``lease``. A refusal marks it lost and raises ``LeaseDenied``."""
         sent_at = time.monotonic()
@@ -466,24 +476,15 @@ class ArbiterClient:
         return outcome
 
     @contextlib.asynccontextmanager
-    async def lease(
-        self,
-        resource: str,
-        *,
-        ttl: float = 30.0,
-        mode: str = "exclusive",
-        priority: int = 0,
-        wait: float = 60.0,
-        saga_id: str | None = None,
-        on_acquired: OnAcquired | None = None,
-        renew: bool = True,
-    ) -> AsyncIterator[Lease]:
-        """``async with client.lease(name) as lease``: acquire, renew in the background, release.
+    async def lease(self, resource: str, *, on_acquired: OnAcquired | None = None, renew: bool = True,
+                    **options: Unpack[AcquireOptions]) -> AsyncIterator[Lease]:
+        """``async with client.lease(name, ttl=30) as lease``: acquire (``options`` as ``acquire``'s), renew in
+        the background, release.
 
         ``on_acquired(lease)`` runs after the grant and before the body, so the agent
         refreshes its context with what it holds now, not what it saw before queueing.
         """
-        held = await self.acquire(resource, ttl=ttl, mode=mode, priority=priority, wait=wait, saga_id=saga_id)
+        held = await self.acquire(resource, **options)
         renewer = asyncio.create_task(self._keep_renewed(held)) if renew else None
         try:
             if on_acquired is not None:

@@ -8,7 +8,7 @@ holds one WebSocket session (``/v1/session``) with a front door, authenticated b
 API key:
 
 - ``send(topic, key, record)`` sends ``{"op": "send", "id", "key", "record"}`` (the record
-  as ``contract.jsonwire`` JSON) and returns when the door answers ``ack``: the door
+  as ``arbiter.schemas.jsonwire`` JSON) and returns when the door answers ``ack``: the door
   checked the command against the agent's identity, signed it with the agent's key and
   the broker has it. A refusal (``error``) raises ``DoorRefused`` with the door's reason.
   The door picks the topic from the record's type, so ``topic`` is not sent.
@@ -36,32 +36,16 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
-from contract import ContractError, Record
-from contract.jsonwire import from_json, to_json
-from contract.models import MODELS
-
-from .leases import ArbiterError, ArbiterUnavailable
+from arbiter.agents.errors import ArbiterUnavailable, DoorRefused
+from arbiter.schemas import ContractError, Record
+from arbiter.schemas.jsonwire import from_json, to_json
+from arbiter.schemas.models import MODELS
 
 log = logging.getLogger(__name__)
 
 OnRecord = Callable[[Record], None]
 
 SESSION_PATH = "/v1/session"
-
-
-class DoorRefused(ArbiterError):
-    """The front door refused a call: ``status`` (HTTP code), ``reason`` (a stable code) and ``detail``."""
-
-    def __init__(self, status: int, reason: str, detail: str) -> None:
-        super().__init__(json.dumps({"status": status, "reason": reason, "detail": detail}, sort_keys=True))
-        self.status = status
-        self.reason = reason
-        self.detail = detail
-
-    @property
-    def retriable(self) -> bool:  # type: ignore[override]
-        """Rate limits and overload pass; bad credentials, forbidden commands and bad input do not."""
-        return self.status in (429, 503)
 
 
 def session_urls(url: str | Sequence[str]) -> list[str]:
@@ -178,7 +162,7 @@ class HttpTransport:
                 async for frame in ws:
                     try:
                         self._handle(json.loads(frame))
-                    except Exception:  # one bad frame or listener must not end the session (as in agents.hub)
+                    except Exception:  # one bad frame or listener must not end the session (as in arbiter.agents.hub)
                         log.exception("front-door frame for %s failed", self.agent_id)
                     delay = 0.05
                 reason = f"closed ({ws.close_code}: {ws.close_reason})"

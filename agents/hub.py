@@ -11,11 +11,11 @@ only found from the loop that made it, so one from a closed loop is never reused
 The first client to join starts the hub; the last to leave closes it.
 
 The consumer is assigned the union of the inbox partitions its agents' ids land on
-(``contract.partitioning``, the workers' rule), committed records only. The reader
+(``arbiter.schemas.partitioning``, the workers' rule), committed records only. The reader
 looks each record's key up in a dict of the agents that joined; a record for any
 other agent is skipped there, never decoded or verified. A joined agent's records go
 to its ``Member.deliver``, which decodes, verifies and counts forgeries for that agent
-alone (``agents.transport``). Delivery is in order and one at a time, so a record
+alone (``arbiter.agents.transport``). Delivery is in order and one at a time, so a record
 signed by a key the registry does not know yet holds the reader (every agent of the
 hub) while the feed catches up: one round trip, five seconds at most.
 
@@ -42,12 +42,12 @@ from typing import Any, Protocol
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from contract import default_codec
-from contract.identity import Registry, anchors_for
-from contract.kafkaauth import kafka_client_options
-from contract.partitioning import partition_for
-from contract.registryfeed import RegistryFeed
-from contract.settings import Settings
+from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.keys import anchors_for
+from arbiter.edge.registryfeed import RegistryFeed
+from arbiter.edge.settings import Settings
+from arbiter.schemas.identity import Registry
+from arbiter.schemas.partitioning import partition_for
 
 log = logging.getLogger(__name__)
 
@@ -142,8 +142,7 @@ class InboxHub:
         try:
             if settings.verify_signatures:
                 registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
-                self.feed = RegistryFeed(registry, settings.topics.registry, settings.bootstrap,
-                                         default_codec(settings.max_message_bytes), **kafka)
+                self.feed = RegistryFeed(registry, settings)
                 await self.feed.start()
             # A front door sends for a thousand agents through this one producer: a batch as large
             # as a request (not aiokafka's 16 KiB) keeps a burst from queueing sends behind full batches.
@@ -162,8 +161,12 @@ class InboxHub:
                 **kafka,
             )
             await self.consumer.start()
-            # Metadata for the inbox topic alone (an empty assignment would ask for the whole cluster's).
-            await self.consumer._client.add_topic(settings.topics.agent_inbox)
+            # Every inbox partition assigned, and paused until an agent on it joins: the reader then
+            # fetches only its agents' partitions, and the metadata asked for is the inbox topic's alone
+            # (an empty assignment would ask for the whole cluster's).
+            every = [TopicPartition(settings.topics.agent_inbox, p) for p in range(self._partitions)]
+            self.consumer.assign(every)
+            self.consumer.pause(*every)
         except BaseException:
             self._forget()  # later clients start a new hub; the joiners waiting on this one release it
             raise
@@ -232,15 +235,20 @@ class InboxHub:
 
     def assignment(self) -> set[TopicPartition]:
         """The inbox partitions the reader reads."""
-        return set(self.consumer.assignment()) if self.consumer is not None else set()
+        if self.consumer is None:
+            return set()
+        return set(self.consumer.assignment()) - set(self.consumer.paused())
 
     def _assign(self) -> None:
-        """Assign exactly the partitions in ``_next``, each at its offset (synchronous: no record is lost
-        or repeated on the partitions already read)."""
+        """Read exactly the partitions in ``_next``: each newly read one from its offset, the others
+        paused (synchronous: no record is lost or repeated on the partitions already read)."""
         assert self.consumer is not None
-        self.consumer.assign(list(self._next))
-        for tp, offset in self._next.items():
-            self.consumer.seek(tp, offset)
+        reading = self.assignment()
+        for tp in reading - set(self._next):
+            self.consumer.pause(tp)
+        for tp in set(self._next) - reading:
+            self.consumer.seek(tp, self._next[tp])
+            self.consumer.resume(tp)
 
     # -- the reader -------------------------------------------------------------------
 

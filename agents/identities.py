@@ -17,9 +17,13 @@ from pathlib import Path
 
 from aiokafka import AIOKafkaProducer
 
-from contract import CompensationRequested, IdentityRegistered, LockRevokeRequested, Record, default_codec
-from contract.clock import now_ms
-from contract.identity import (
+from arbiter.edge.clock import now_ms
+from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.keys import anchors_for, key_file, keys_dir, read_private_key, write_private_key
+from arbiter.edge.registryfeed import RegistryFeed
+from arbiter.edge.settings import Settings
+from arbiter.schemas import CompensationRequested, IdentityRegistered, LockRevokeRequested, Record, default_codec
+from arbiter.schemas.identity import (
     ACTIVE,
     END_GRACE_MS,
     REVOKED,
@@ -30,16 +34,8 @@ from contract.identity import (
     IdentityError,
     Registry,
     Signer,
-    anchors_for,
-    key_file,
-    keys_dir,
-    read_private_key,
     valid_name,
-    write_private_key,
 )
-from contract.kafkaauth import kafka_client_options
-from contract.registryfeed import RegistryFeed
-from contract.settings import Settings
 
 
 def _read_settled(path: Path, name: str) -> Signer:
@@ -86,8 +82,7 @@ class Registrar:
     async def entries(self) -> list[IdentityRegistered]:
         """Every key in the registry, as the admin keys signed it."""
         registry = Registry(anchors_for(self.settings.home, self.settings.admin_public_keys))
-        feed = RegistryFeed(registry, self.settings.topics.registry, self.settings.bootstrap, self.codec,
-                            **kafka_client_options(self.settings))
+        feed = RegistryFeed(registry, self.settings)
         await feed.start()
         try:
             return sorted(registry.entries.values(), key=lambda e: (e.name, e.valid_from_ms))

@@ -20,68 +20,11 @@ acting on stale state; the gateway rejects a write from a lost lease regardless.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
-from contract import LockCancelled, LockDenied, LockWaitTimedOut
-from contract.reasons import Reason, is_retriable, what_to_do
-
-
-class ArbiterError(Exception):
-    """Base of the SDK's errors. ``retriable`` says whether the same call may succeed later."""
-
-    retriable = False
-
-
-class ArbiterUnavailable(ArbiterError):
-    """Arbiter could not be reached, or the connection broke mid-call. Retriable: the command may or
-    may not have been decided, so retry with the same ids (a decided id is answered, never decided again)."""
-
-    retriable = True
-
-
-class LeaseDenied(ArbiterError):
-    """The lease was not granted. ``reason`` is a stable code; ``diagnostic`` says what to do.
-
-    ``str(error)`` is the JSON diagnostic, ready to paste into an LLM's context.
-    """
-
-    def __init__(self, reason: str, diagnostic: dict[str, Any]) -> None:
-        super().__init__(json.dumps(diagnostic, sort_keys=True))
-        self.reason = reason
-        self.diagnostic = diagnostic
-
-    @classmethod
-    def from_event(cls, record: LockDenied | LockWaitTimedOut | LockCancelled) -> LeaseDenied:
-        """The error an agent sees for a refusal, a wait time-out or a withdrawn request."""
-        if isinstance(record, LockDenied):
-            try:
-                diagnostic = json.loads(record.detail)
-            except ValueError:
-                diagnostic = {"reason": record.reason, "detail": record.detail}
-            return cls(record.reason, diagnostic)
-        if isinstance(record, LockWaitTimedOut):
-            return cls("wait_timed_out", {
-                "reason": "wait_timed_out", "resource": record.resource, "waited_ms": record.waited_ms,
-                "what_to_do": what_to_do(Reason.WAIT_TIMED_OUT)})
-        return cls(record.reason, {
-            "reason": record.reason, "resource": record.resource,
-            "what_to_do": "Your request was withdrawn before it was granted."})
-
-    @property
-    def retriable(self) -> bool:  # type: ignore[override]
-        """Busy, timed out, cancelled and deadlock victims may succeed later; bad input will not.
-
-        The one table of which reasons are retriable is ``contract.reasons``.
-        """
-        return is_retriable(self.reason)
-
-
-class LeaseLost(ArbiterError):
-    """The lease expired or was revoked: stop acting on this resource."""
+from arbiter.agents.errors import LeaseLost
 
 
 @dataclass(eq=False)

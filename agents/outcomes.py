@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from contract import ResourceSnapshot, ToolApplied, ToolRejected
+from arbiter.schemas import ResourceSnapshot, ToolApplied, ToolRejected
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,11 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
-from contract import CompensationRequested, SagaStep
-from contract.clock import now_ms
-
-from .leases import ArbiterError, Lease, OnAcquired
-from .outcomes import Outcome
+from arbiter.agents.errors import SagaAborted, SagaStepRejected
+from arbiter.agents.leases import Lease, OnAcquired
+from arbiter.agents.outcomes import Outcome
+from arbiter.edge.clock import now_ms
+from arbiter.schemas import CompensationRequested, SagaStep
 
 Compensation = tuple[str, dict[str, Any]]
 """(tool, arguments) that undo a step."""
@@ -51,23 +51,6 @@ class SagaHost(Protocol):
     def lease(self, resource: str, *, ttl: float = ..., mode: str = ..., priority: int = ..., wait: float = ...,
               saga_id: str | None = ..., on_acquired: OnAcquired | None = ...,
               renew: bool = ...) -> AbstractAsyncContextManager[Lease]: ...
-
-
-class SagaStepRejected(ArbiterError):
-    """A step's write was refused or failed; ``outcome`` says why. Raise it on to abort."""
-
-    def __init__(self, outcome: Outcome) -> None:
-        super().__init__(outcome.diagnostic_json)
-        self.outcome = outcome
-
-
-class SagaAborted(ArbiterError):
-    """The saga was aborted (by the agent or as a deadlock victim) and is compensated."""
-
-    def __init__(self, saga_id: str, reason: str) -> None:
-        super().__init__(f"saga {saga_id} was aborted ({reason}) and compensated")
-        self.saga_id = saga_id
-        self.reason = reason
 
 
 class Saga:

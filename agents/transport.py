@@ -3,17 +3,17 @@
 Theory of operation
 -------------------
 ``send(topic, key, record)`` encodes a record, signs it with this agent's own key
-(``contract.identity``) and waits until every in-sync replica has it (``acks="all"``,
+(``arbiter.schemas.identity``) and waits until every in-sync replica has it (``acks="all"``,
 no lingering). The processors decide per key, in order, so the caller names the key:
 the resource, the saga, the wait graph.
 
 Outcomes come back on the agent-inbox topic, keyed by agent id. The Kafka clients are
 not this agent's own: every transport in the process with the same connection settings
-shares one producer, one registry feed and one inbox reader (``agents.hub``). ``start``
+shares one producer, one registry feed and one inbox reader (``arbiter.agents.hub``). ``start``
 joins that hub, which pins this agent's start in its inbox partition before returning,
 so no outcome of a command sent afterwards is missed. The reader hands this transport
 only records keyed by this agent; each one the codec understands goes to ``on_record``;
-what it means is the facade's business (``agents.client``).
+what it means is the facade's business (``arbiter.agents.client``).
 
 Trust: an inbox record reaches ``on_record`` only when a worker identity signed it;
 anything else is counted in this agent's ``forged``, logged, and never acted on.
@@ -29,15 +29,15 @@ from typing import Any, Protocol
 
 from aiokafka.errors import KafkaError
 
-from contract import Codec, ContractError, Record
-from contract.clock import now_ms
-from contract.identity import ROLE_WORKER, Refused, Signer, key_file, signer_for
-from contract.registryfeed import RegistryFeed
-from contract.settings import Settings
-
-from . import hub as hubs
-from .identities import ensure_identity
-from .leases import ArbiterError, ArbiterUnavailable
+from arbiter.agents import hub as hubs
+from arbiter.agents.errors import ArbiterError, ArbiterUnavailable
+from arbiter.agents.identities import ensure_identity
+from arbiter.edge.clock import now_ms
+from arbiter.edge.keys import key_file, signer_for
+from arbiter.edge.registryfeed import RegistryFeed
+from arbiter.edge.settings import Settings
+from arbiter.schemas import Codec, ContractError, Record
+from arbiter.schemas.identity import ROLE_WORKER, Refused, Signer
 
 log = logging.getLogger(__name__)
 
@@ -147,15 +147,28 @@ class KafkaTransport:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
+    @property
+    def signer(self) -> Signer | None:
+        """The key this transport signs with (None: verification is off, and it sends unsigned)."""
+        return self._signer
+
+    async def inbox_end(self) -> int:
+        """The offset the next record of this agent's inbox partition will get."""
+        if self.hub is None or self.hub.consumer is None:
+            raise RuntimeError(_NOT_STARTED)
+        tp = self.hub.partition_of(self.agent_id)
+        return int((await self.hub.consumer.end_offsets([tp]))[tp])
+
     async def deliver(self, message: Any) -> None:
         """One inbox message keyed by this agent (the hub's reader calls this): decode, verify, hand on."""
-        record = await self.check(message)
+        record = await self.verify(message)
         if record is not None:
             self.offset = message.offset
             self._on_record(record)
 
-    async def check(self, message: Any) -> Record | None:
-        """The record an inbox message carries, if it decodes and a worker signed it (else None)."""
+    async def verify(self, message: Any) -> Record | None:
+        """The record an inbox message carries, if it decodes and a worker signed it (else None; a forged
+        one is counted and reported to ``on_forged``)."""
         if message.value is None:
             return None
         try:

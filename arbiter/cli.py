@@ -12,13 +12,13 @@ from typing import Any, TypeVar
 
 import click
 
-from agents.identities import ensure_identity
-from contract.identity import IdentityError
-from contract.kafkaauth import kafka_client_options
-from runtime.topics import TopicError, ensure_topics
+from arbiter.agents.identities import ensure_identity
+from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.schemas.identity import IdentityError
+from arbiter.streams.runtime.topics import TopicError, ensure_topics
 
 from .console import fail, say, settings_of
-from .localkafka import LocalKafka, LocalKafkaError, broker_answers
+from .kafka import LocalKafka, LocalKafkaError, broker_answers
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -157,17 +157,9 @@ def worker(ctx: click.Context, loglevel: str) -> None:
     from .identitycli import ensure_worker_identity
 
     ensure_worker_identity(settings)
-    if settings.runtime == "batch":
-        from runtime.batch import run_worker
+    from arbiter.streams.runtime.worker import run_worker
 
-        run_worker(settings, loglevel)
-        return
-    import faust
-
-    from runtime.worker import create_app
-
-    app = create_app(settings)
-    faust.Worker(app, loglevel=loglevel, quiet=True).execute_from_commandline()
+    run_worker(settings, loglevel)
 
 
 @main.command()
@@ -184,7 +176,7 @@ def serve(ctx: click.Context, host: str | None, port: int | None, ssl_certfile: 
     settings = settings_of(ctx)
     if not broker_answers(settings.bootstrap, options=kafka_client_options(settings)):
         fail(f"no Kafka answers at {settings.bootstrap}; start one with 'arbiter kafka up' or pass --bootstrap")
-    from door.serve import serve as run
+    from arbiter.door.serve import serve as run
 
     scheme = "https" if ssl_certfile else "http"
     where = f"{scheme}://{host or settings.door_host}:{settings.door_port if port is None else port}"
@@ -201,7 +193,7 @@ def serve(ctx: click.Context, host: str | None, port: int | None, ssl_certfile: 
 @click.pass_context
 def ping(ctx: click.Context, count: int, timeout: float) -> None:
     """Round trips through the workers: a Ping command in, a Pong in the agent inbox out."""
-    from agents import ArbiterClient, ArbiterTimeout
+    from arbiter.agents import ArbiterClient, ArbiterTimeout
 
     settings = settings_of(ctx)
 
@@ -238,7 +230,7 @@ def lock() -> None:
 
 
 def _lock_call(ctx: click.Context, agent: str, work: Callable[[Any], Any]) -> None:
-    from agents import ArbiterClient, ArbiterTimeout, LeaseDenied
+    from arbiter.agents import ArbiterClient, ArbiterTimeout, LeaseDenied
 
     settings = settings_of(ctx)
 
@@ -284,8 +276,8 @@ def lock_acquire(ctx: click.Context, resource: str, agent: str, ttl: float, mode
 
 
 def _token_outcome(outcome: Any) -> dict[str, Any]:
-    from agents import LeaseDenied
-    from contract import LockDenied
+    from arbiter.agents import LeaseDenied
+    from arbiter.schemas import LockDenied
 
     if isinstance(outcome, LockDenied):
         raise LeaseDenied.from_event(outcome)
@@ -329,7 +321,7 @@ def lock_release(ctx: click.Context, resource: str, agent: str, token: int) -> N
 @click.pass_context
 def lock_revoke(ctx: click.Context, resource: str, agent: str, reason: str) -> None:
     """An operator's override: force-release AGENT's lease on RESOURCE (signed with the admin key)."""
-    from agents.identities import Operator
+    from arbiter.agents.identities import Operator
 
     settings = settings_of(ctx)
     try:

@@ -8,9 +8,9 @@ from typing import NoReturn
 import click
 from pydantic import ValidationError
 
-from contract.settings import Settings, load_settings
+from arbiter.edge.settings import Settings, load_settings
 
-from .localkafka import local_cluster_settings
+from .kafka import local_cluster_settings
 
 
 def fail(message: str, detail: str = "") -> NoReturn:

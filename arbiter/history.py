@@ -2,7 +2,7 @@
 
 Only the workers' decisions count. With signature verification on (the default), each
 event must carry a worker's signature that verifies against the registry the admin
-signed (``contract.identity``), rooted in the admin public keys this machine trusts; a
+signed (``arbiter.schemas.identity``), rooted in the admin public keys this machine trusts; a
 message that is unsigned, forged or signed by anyone else (an agent, say) is skipped,
 so a forged ``LockGranted`` on the event topic never shows as a holder. The skipped
 positions are returned to a caller that asks for them, and logged.
@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import logging
 
-from contract import default_codec
-from contract.codec import Codec
-from contract.identity import ROLE_WORKER, Refused, Registry
-from contract.kafkaauth import kafka_client_options
-from contract.partitioning import partition_for
-from contract.registryfeed import RegistryFeed
-from contract.settings import Settings
-from cores.leases import LOCK_EVENTS, LeaseBook, evolve, new_book
+from arbiter.edge.registryfeed import RegistryFeed
+from arbiter.edge.settings import Settings
+from arbiter.schemas import default_codec
+from arbiter.schemas.codec import Codec
+from arbiter.schemas.identity import ROLE_WORKER, Refused, Registry
+from arbiter.schemas.partitioning import partition_for
+from arbiter.streams.cores.leases import LOCK_EVENTS, LeaseBook, evolve, new_book
 
 from .audit.log import Entry, read_log
 from .audit.replay import SET_ANCHORS, TrustAnchorsMissing, trust_anchors
@@ -62,8 +61,7 @@ async def worker_registry(settings: Settings) -> Registry:
         raise TrustAnchorsMissing("signature verification is on, and no admin public key is known to check the "
                                   f"workers' signatures against: {SET_ANCHORS}")
     registry = Registry(anchors)
-    feed = RegistryFeed(registry, settings.topics.registry, settings.bootstrap,
-                        default_codec(settings.max_message_bytes), **kafka_client_options(settings))
+    feed = RegistryFeed(registry, settings)
     await feed.start()
     await feed.stop()
     return registry

@@ -10,10 +10,11 @@ from typing import Any
 import click
 from aiokafka.errors import KafkaError
 
-from agents.identities import Registrar, ensure_identity
-from contract import IdentityRegistered
-from contract.identity import ROLE_AGENT, ROLE_WORKER, IdentityError, key_file
-from contract.settings import Settings
+from arbiter.agents.identities import Registrar, ensure_identity
+from arbiter.edge.keys import key_file
+from arbiter.edge.settings import Settings
+from arbiter.schemas import IdentityRegistered
+from arbiter.schemas.identity import ROLE_AGENT, ROLE_WORKER, IdentityError
 
 from .console import fail, say, settings_of
 
@@ -185,7 +186,7 @@ def saga() -> None:
 @click.pass_context
 def saga_abort(ctx: click.Context, saga_id: str, reason: str) -> None:
     """An operator's override: abort SAGA_ID, compensating its completed steps (signed with the admin key)."""
-    from agents.identities import Operator
+    from arbiter.agents.identities import Operator
 
     settings = settings_of(ctx)
     _run(Operator(settings).abort_saga(saga_id, reason))

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from contract.settings import Settings
+from arbiter.edge.settings import Settings
 
 if TYPE_CHECKING:
-    from agents import ArbiterClient
+    from arbiter.agents import ArbiterClient
 
 
 def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> int:
@@ -65,6 +65,9 @@ class WorkerPool:
     settings: Settings
     workers: list[WorkerProcess] = field(default_factory=list)
 
+    command: tuple[str, ...] = ("-m", "arbiter", "worker")
+    """What runs a worker (``python`` and these arguments): the benchmarks start their faust baseline."""
+
     def start(self, count: int = 1, loglevel: str = "info", extra_env: dict[str, str] | None = None) -> None:
         """Start ``count`` more workers (``extra_env`` is added to their environment)."""
         logs = (self.settings.home / "logs").resolve()
@@ -77,7 +80,7 @@ class WorkerPool:
             log = logs / f"{self.settings.app_id}-{name}.log"
             with open(log, "ab") as out:
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "arbiter", "worker", "--loglevel", loglevel],
+                    [sys.executable, *self.command, "--loglevel", loglevel],
                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                     start_new_session=True,  # a Ctrl-C at the terminal is for the parent to handle
                 )
@@ -107,7 +110,7 @@ class WorkerPool:
 async def wait_until_served(client: ArbiterClient, pool: WorkerPool, keys: list[str], timeout: float = 90) -> None:
     """Ping each key until a worker answers for it, and until every worker owns a partition
     (when there are enough): the consumer group has settled, no rebalance is due."""
-    from agents import ArbiterTimeout
+    from arbiter.agents import ArbiterTimeout
 
     deadline = time.monotonic() + timeout
     want = min(len(pool.workers), len(keys))

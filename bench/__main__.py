@@ -25,7 +25,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from contract import Cause, Holder, LockGranted, default_codec
+from arbiter.schemas import Cause, Holder, LockGranted, default_codec
 
 from . import deadlock, gateway, leases, replay, runtime, sdk, trust
 from .env import bench_arbiter, key_for_partition
@@ -52,7 +52,7 @@ def bench_codec(seconds: float) -> None:
 
 
 async def bench_roundtrip(rate: float, count: int) -> None:
-    from agents import ArbiterClient
+    from arbiter.agents import ArbiterClient
 
     async with bench_arbiter() as settings, ArbiterClient("bench", settings) as client:
         keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]

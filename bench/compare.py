@@ -391,7 +391,8 @@ async def _run(servers: dict[str, Server], sizes: Sizes, reps: int) -> tuple[Run
     else:
         BROKER[:] = [broker]
     # The bench's own home issues each client's key on first use; that is said once per agent, not news here.
-    for name in ("agents.transport", "agents.hub", "agents.identities", "agents.client"):
+    for name in ("transport", "hub", "identities", "client"):
+        name = f"arbiter.agents.{name}"
         logging.getLogger(name).addFilter(lambda record: not record.getMessage().startswith("auto_enroll"))
     async with bench_arbiter() as settings:
         workers = worker_pids(settings.app_id)

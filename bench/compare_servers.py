@@ -66,8 +66,8 @@ def worker_pids(app_id: str) -> list[int]:
 
 def broker_pid() -> int | None:
     """The local Kafka broker's pid (``arbiter kafka up`` records it); None for another broker."""
-    from arbiter.localkafka import LocalKafka
-    from contract.settings import load_settings
+    from arbiter.edge.settings import load_settings
+    from arbiter.kafka import LocalKafka
 
     settings = load_settings()
     kafka = LocalKafka(settings)

@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from contract.settings import Settings
+from arbiter.edge.settings import Settings
 
 T = TypeVar("T")
 LEASE_TTL_S = 30  # the lock's TTL where a lock has one (Arbiter, Redis); etcd's session lease is longer
@@ -107,7 +107,7 @@ class ArbiterSide:
         return self.pids
 
     async def lockers(self, count: int, concurrency: int = 1) -> list[Locker]:
-        from agents import ArbiterClient
+        from arbiter.agents import ArbiterClient
 
         # Agent ids are reused across runs: each is enrolled (issued a key) once.
         clients = [ArbiterClient(f"compare-{i}", self.settings) for i in range(count)]

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from contract import Cause, DeadlockDetected, Record, WaitEdgeAdded, WaitEdgeRemoved, default_codec
-from contract.clock import now_ms
-from contract.partitioning import partition_for
-from cores.waitgraph import WaitGraph, detect, evolve
+from arbiter.edge.clock import now_ms
+from arbiter.schemas import Cause, DeadlockDetected, Record, WaitEdgeAdded, WaitEdgeRemoved, default_codec
+from arbiter.schemas.partitioning import partition_for
+from arbiter.streams.cores.waitgraph import WaitGraph, detect, evolve
 
 from .env import bench_arbiter, raw_signer
 from .leases import percentiles

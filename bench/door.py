@@ -54,15 +54,15 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from agents import ArbiterClient
-from agents.identities import Registrar
+from arbiter.agents import ArbiterClient
+from arbiter.agents.identities import Registrar
+from arbiter.edge.clock import now_ms
+from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.settings import Settings, load_settings
 from arbiter.processes import DoorProcess, WorkerPool, settings_env
-from contract.clock import now_ms
-from contract.identity import ACTIVE, ROLE_AGENT, Signer
-from contract.kafkaauth import kafka_client_options
-from contract.models import IdentityRegistered
-from contract.settings import Settings, load_settings
-from runtime.topics import delete_topics_named
+from arbiter.schemas.identity import ACTIVE, ROLE_AGENT, Signer
+from arbiter.schemas.models import IdentityRegistered
+from arbiter.streams.runtime.topics import delete_topics_named
 
 from . import sdk
 from .env import bench_workers

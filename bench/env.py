@@ -11,14 +11,15 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from agents import ArbiterClient
+from arbiter.agents import ArbiterClient
+from arbiter.edge.clock import now_ms
+from arbiter.edge.keys import signer_for
+from arbiter.edge.settings import Settings, Topics, load_settings
 from arbiter.processes import WorkerPool, wait_until_served
-from contract import Record, default_codec
-from contract.clock import now_ms
-from contract.identity import ROLE_WORKER, Signer, signer_for
-from contract.partitioning import partition_for
-from contract.settings import Settings, Topics, load_settings
-from runtime.topics import ensure_topics
+from arbiter.schemas import Record, default_codec
+from arbiter.schemas.identity import ROLE_WORKER, Signer
+from arbiter.schemas.partitioning import partition_for
+from arbiter.streams.runtime.topics import ensure_topics
 
 
 def key_for_partition(partition: int, partitions: int, prefix: str = "bench:") -> str:
@@ -41,6 +42,7 @@ async def bench_workers(workers: int = 1, **overrides: Any) -> AsyncIterator[tup
     """``bench_arbiter``, with the worker processes (to read their CPU time)."""
     run = f"bench{time.time_ns() // 1_000_000}"
     base = load_settings()
+    runtime = overrides.pop("runtime", "batch")  # "faust": the baseline in bench/faust, not the product
     with tempfile.TemporaryDirectory() as home:
         settings = Settings(**{
             "bootstrap": base.bootstrap, "home": Path(home), "app_id": run,
@@ -50,6 +52,8 @@ async def bench_workers(workers: int = 1, **overrides: Any) -> AsyncIterator[tup
         })
         await ensure_topics(settings)
         pool = WorkerPool(settings)
+        if runtime == "faust":
+            pool.command = ("-m", "bench.faust")
         pool.start(workers, loglevel="warning")
         try:
             keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]

@@ -28,9 +28,9 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from agents import ArbiterClient, ArbiterError
+from arbiter.agents import ArbiterClient, ArbiterError
 from arbiter.processes import wait_until_served
-from runtime.topics import delete_topics_named
+from arbiter.streams.runtime.topics import delete_topics_named
 
 from .env import bench_workers, key_for_partition
 

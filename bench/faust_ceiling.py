@@ -14,8 +14,9 @@ from typing import Any
 
 import faust
 
-from contract.settings import load_settings
-from runtime.worker import ArbiterApp, faust_settings
+from arbiter.edge.settings import load_settings
+
+from .faust import ArbiterApp, faust_settings
 
 
 def main() -> None:

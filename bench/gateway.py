@@ -6,11 +6,11 @@ import time
 import uuid
 from typing import Any
 
-from agents import ArbiterClient
-from contract import Cause, LockRequested, ToolIntent, ToolRejected, default_codec
-from contract.clock import now_ms
-from cores.gateway import Accepted, ContentState, GatewayRules, check
-from cores.leases import new_book, step
+from arbiter.agents import ArbiterClient
+from arbiter.edge.clock import now_ms
+from arbiter.schemas import Cause, LockRequested, ToolIntent, ToolRejected, default_codec
+from arbiter.streams.cores.gateway import Accepted, ContentState, GatewayRules, check
+from arbiter.streams.cores.leases import new_book, step
 
 from .env import bench_arbiter, burst
 from .leases import percentiles

@@ -11,10 +11,10 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from agents import ArbiterClient
-from contract import Cause, LockGranted, LockReleaseRequested, LockRequested, default_codec
-from contract.clock import now_ms
-from cores.leases import new_book, step
+from arbiter.agents import ArbiterClient
+from arbiter.edge.clock import now_ms
+from arbiter.schemas import Cause, LockGranted, LockReleaseRequested, LockRequested, default_codec
+from arbiter.streams.cores.leases import new_book, step
 
 from .env import bench_arbiter, burst
 
@@ -27,7 +27,7 @@ async def faust_ceiling(total: int) -> None:
 
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-    from contract.settings import load_settings
+    from arbiter.edge.settings import load_settings
 
     settings = load_settings()
     topic = f"ceiling-{uuid.uuid4().hex[:8]}"
@@ -133,14 +133,14 @@ def through_step(waiters: int, rounds: int = 2_000) -> Callable[[], float]:
 
 
 def through_pipeline(waiters: int, rounds: int = 1_000) -> Callable[[], float]:
-    """Decisions through the whole per-input path a worker takes (``shells.pipeline``: the route
+    """Decisions through the whole per-input path a worker takes (``arbiter.streams.shells.pipeline``: the route
     check, the resource shell over a table view, the undo record, the encoding of every output),
     over dict tables, with ``waiters`` queued. No broker, no signatures: the cost that grows, if any,
     with the queue."""
-    from contract.partitioning import partition_for
-    from contract.settings import Settings
-    from shells import Rules
-    from shells.pipeline import Pipeline, RawInput
+    from arbiter.edge.settings import Settings
+    from arbiter.schemas.partitioning import partition_for
+    from arbiter.streams.shells import Rules
+    from arbiter.streams.shells.pipeline import Pipeline, RawInput
 
     settings = Settings(partitions=4)
     codec = default_codec()

@@ -30,8 +30,8 @@ from typing import Any
 from arbiter.audit import audit
 from arbiter.audit.log import Entry, Log, load_archive, write_archive
 from arbiter.audit.replay import from_outside, inputs, rederive, simulate
-from contract import LockReleaseRequested, LockRequested, LockTick, Record, ToolIntent
-from contract.settings import Settings
+from arbiter.edge.settings import Settings
+from arbiter.schemas import LockReleaseRequested, LockRequested, LockTick, Record, ToolIntent
 
 ROUND_MESSAGES = 28
 """About how many messages one round of the workload leaves in the log."""

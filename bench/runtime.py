@@ -23,10 +23,10 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from agents import ArbiterClient, Lease
-from contract.kafkaauth import kafka_client_options
-from contract.settings import Settings, load_settings
-from runtime.common import TABLES
+from arbiter.agents import ArbiterClient, Lease
+from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.settings import Settings, load_settings
+from arbiter.streams.runtime.common import TABLES
 
 from .env import bench_arbiter
 from .gateway import check_throughput

@@ -14,8 +14,8 @@ import contextlib
 import statistics
 import time
 
-from agents import ArbiterClient
-from contract.settings import Settings
+from arbiter.agents import ArbiterClient
+from arbiter.edge.settings import Settings
 
 from .env import bench_arbiter
 

@@ -10,13 +10,13 @@ import uuid
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 
-from agents import ArbiterClient
-from contract import IdentityRegistered, LockRequested, default_codec
-from contract.clock import now_ms
-from contract.identity import ACTIVE, ROLE_ADMIN, ROLE_AGENT, Refused, Registry, Signer, Verified
-from contract.settings import Settings
-from cores.trust import authorize
-from shells.trust import Gate
+from arbiter.agents import ArbiterClient
+from arbiter.edge.clock import now_ms
+from arbiter.edge.settings import Settings
+from arbiter.schemas import IdentityRegistered, LockRequested, default_codec
+from arbiter.schemas.identity import ACTIVE, ROLE_ADMIN, ROLE_AGENT, Refused, Registry, Signer, Verified
+from arbiter.streams.cores.trust import authorize
+from arbiter.streams.shells.trust import Gate
 
 from .env import bench_arbiter
 
@@ -55,7 +55,7 @@ def crypto(seconds: float) -> None:
         ("Signer.sign", lambda: agent.sign(topic, key, value, at)),
         ("Registry.verify", lambda: registry.verify(topic, key, value, headers, appended)),
         ("Registry.verify, forged", lambda: registry.verify(topic, key, value, forged, appended)),
-        ("cores.trust.authorize", lambda: authorize(entry, record)),
+        ("arbiter.streams.cores.trust.authorize", lambda: authorize(entry, record)),
         ("Gate.admit (verify+authorize)", lambda: gate.admit(topic, key, value, headers, record, appended)),
     ]
     # Short runs of each case in turn, repeated: the median per case shrugs off bursts of other load.

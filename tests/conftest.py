@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from arbiter.localkafka import broker_answers
+from arbiter.edge.settings import Settings, Topics, load_settings
+from arbiter.kafka import broker_answers
 from arbiter.processes import DoorProcess, WorkerPool
-from contract.settings import Settings, Topics, load_settings
-from runtime.topics import ensure_topics
+from arbiter.streams.runtime.topics import ensure_topics
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ _THROWAWAY: list[Settings] = []
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Delete the topics the tests created, so a local broker does not pile up thousands of them
     (it slows down, then runs out of heap). Nothing to do when no broker answers."""
-    from runtime.topics import delete_topics_named
+    from arbiter.streams.runtime.topics import delete_topics_named
 
     by_bootstrap: dict[str, list[Settings]] = {}
     for settings in _THROWAWAY:
@@ -139,9 +139,9 @@ async def assert_clean_audit(settings: Settings, archive: Path | None = None) ->
 @pytest.fixture
 async def worker(kafka_settings: Settings, workers: WorkerPool) -> AsyncIterator[WorkerPool]:
     """One real worker, serving every partition before the test starts."""
-    from agents import ArbiterClient
+    from arbiter.agents import ArbiterClient
     from arbiter.processes import wait_until_served
-    from contract.partitioning import key_for_partition
+    from arbiter.schemas.partitioning import key_for_partition
 
     workers.start(1)
     keys = [key_for_partition(p, kafka_settings.partitions) for p in range(kafka_settings.partitions)]

@@ -22,17 +22,17 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from agents import ArbiterClient
+from arbiter.agents import ArbiterClient
 from arbiter.audit import audit
 from arbiter.audit.log import load_archive, read_log
 from arbiter.cli import main as arbiter_cli
+from arbiter.edge.keys import read_private_key
+from arbiter.edge.settings import Settings
 from arbiter.processes import WorkerPool, wait_until_served
-from contract import default_codec
-from contract.identity import read_private_key
-from contract.partitioning import key_for_partition
-from contract.settings import Settings
-from runtime.topics import ensure_topics
-from tools.ledger import Ledger
+from arbiter.schemas import default_codec
+from arbiter.schemas.partitioning import key_for_partition
+from arbiter.streams.runtime.topics import ensure_topics
+from arbiter.streams.tools.ledger import Ledger
 
 from .conftest import assert_clean_audit, isolated_settings
 

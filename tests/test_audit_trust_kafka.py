@@ -20,15 +20,18 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from click.testing import CliRunner, Result
 
-from agents import ArbiterClient
-from agents.identities import Operator, ensure_identity
+from arbiter.agents import ArbiterClient
+from arbiter.agents.identities import Operator, ensure_identity
 from arbiter.audit import TrustAnchorsMissing, audit
 from arbiter.audit.html import render
 from arbiter.audit.log import Log, read_log, write_archive
 from arbiter.cli import main as arbiter_cli
+from arbiter.edge.clock import now_ms
+from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.settings import Settings
 from arbiter.history import lease_book
 from arbiter.processes import WorkerPool
-from contract import (
+from arbiter.schemas import (
     Cause,
     DeadLetter,
     Holder,
@@ -38,10 +41,7 @@ from contract import (
     Record,
     default_codec,
 )
-from contract.clock import now_ms
-from contract.identity import Signer
-from contract.kafkaauth import kafka_client_options
-from contract.settings import Settings
+from arbiter.schemas.identity import Signer
 
 pytestmark = pytest.mark.kafka
 

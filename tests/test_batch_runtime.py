@@ -1,4 +1,4 @@
-"""The batched runtime (``runtime.batch``): its changelogged tables, and workers that come and go under load.
+"""The runtime (``arbiter.streams.runtime.worker``): its changelogged tables, and workers that come and go.
 
 The Kafka tests run real ``arbiter worker`` processes on the default runtime and check
 what a user relies on through a rebalance: every request is answered exactly once, the
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from agents import ArbiterClient, ArbiterTimeout
+from arbiter.agents import ArbiterClient, ArbiterTimeout
 from arbiter.audit.log import read_log
+from arbiter.edge.settings import Settings
 from arbiter.processes import WorkerPool, wait_until_served
-from contract import LockDenied, LockGranted
-from contract.partitioning import key_for_partition
-from contract.settings import Settings
-from runtime.batch import ChangelogTable
-from runtime.common import TABLES
-from runtime.topics import ensure_topics
+from arbiter.schemas import LockDenied, LockGranted
+from arbiter.schemas.partitioning import key_for_partition
+from arbiter.streams.runtime.common import TABLES
+from arbiter.streams.runtime.topics import ensure_topics
+from arbiter.streams.runtime.worker import ChangelogTable
 
 from .conftest import assert_clean_audit, isolated_settings
 
@@ -62,7 +62,7 @@ def test_a_table_forgets_dropped_partitions_and_restores_from_records() -> None:
 
 
 def test_a_table_stores_objects_and_writes_their_changelog_form() -> None:
-    from cores.leases import new_book
+    from arbiter.streams.cores.leases import new_book
 
     table = ChangelogTable(TABLES["books"], "app-leases-changelog")
     table.partition = 0
@@ -229,11 +229,12 @@ async def test_a_busy_worker_carries_on_after_its_broker_is_killed_and_restarted
 
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-    from arbiter.localkafka import POM, LocalKafka
-    from contract import LockRequested, default_codec
-    from contract.clock import now_ms
-    from contract.identity import ROLE_WORKER, signer_for
-    from contract.settings import load_settings
+    from arbiter.edge.clock import now_ms
+    from arbiter.edge.keys import signer_for
+    from arbiter.edge.settings import load_settings
+    from arbiter.kafka import POM, LocalKafka
+    from arbiter.schemas import LockRequested, default_codec
+    from arbiter.schemas.identity import ROLE_WORKER
 
     def free_port() -> int:
         with socket.socket() as sock:

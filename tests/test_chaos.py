@@ -126,8 +126,8 @@ def test_the_table_puts_the_calm_baseline_beside_the_campaign(capsys: pytest.Cap
 def test_an_id_decided_twice_is_named_and_identical_copies_are_not() -> None:
     from arbiter.audit.log import Entry, Log
     from arbiter.chaos.campaigns import decided_twice
-    from contract import Cause, LockDenied, LockGranted
-    from contract.settings import Topics
+    from arbiter.edge.settings import Topics
+    from arbiter.schemas import Cause, LockDenied, LockGranted
 
     topics = Topics()
     log = Log(topics)

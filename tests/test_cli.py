@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from arbiter.edge.settings import Settings, Topics
 from arbiter.processes import WorkerPool, settings_env
-from contract.settings import Settings, Topics
 
 from .conftest import REPO
 
@@ -145,7 +145,7 @@ def _has_a_write(settings: Settings) -> bool:
     import asyncio
 
     from arbiter.audit.log import read_log
-    from contract import ToolApplied
+    from arbiter.schemas import ToolApplied
 
     log = asyncio.run(read_log(settings))
     return any(isinstance(e.record, ToolApplied) for e in log.of(settings.topics.resource_events))
@@ -207,8 +207,8 @@ async def test_the_demo_view_skips_what_it_cannot_decode_and_raises_its_own_bugs
 
     from aiokafka import AIOKafkaProducer
 
-    from arbiter.demo import LiveState, follow
-    from contract import Cause, SagaFinished, default_codec
+    from arbiter.demo.view import LiveState, follow
+    from arbiter.schemas import Cause, SagaFinished, default_codec
 
     saga_events = kafka_settings.topics.saga_events
     finished = SagaFinished(saga_id="saga:a:1", outcome="COMPLETED", at_ms=1, cause=Cause(topic="x", partition=0,

@@ -30,14 +30,14 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.client import AIOKafkaClient, CoordinationType
 
-from agents import ArbiterClient
+from arbiter.agents import ArbiterClient
 from arbiter.audit.log import read_log
-from arbiter.localkafka import POM, LocalKafka, LocalKafkaError, local_cluster_settings
+from arbiter.edge.settings import Settings, load_settings
+from arbiter.kafka import POM, LocalKafka, LocalKafkaError, local_cluster_settings
 from arbiter.processes import WorkerPool, wait_until_served
-from contract import LockGranted
-from contract.partitioning import key_for_partition, partition_for
-from contract.settings import Settings, load_settings
-from runtime.topics import ensure_topics
+from arbiter.schemas import LockGranted
+from arbiter.schemas.partitioning import key_for_partition, partition_for
+from arbiter.streams.runtime.topics import ensure_topics
 
 from .conftest import assert_clean_audit, isolated_settings
 

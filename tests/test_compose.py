@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from contract.settings import Settings
+from arbiter.edge.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
@@ -20,7 +20,7 @@ def test_services() -> None:
 
 
 def test_kafka_is_the_official_image_at_the_pinned_version_in_kraft_mode() -> None:
-    pom = (REPO / "broker" / "pom.xml").read_text()
+    pom = (REPO / "arbiter" / "kafka" / "pom.xml").read_text()
     (version,) = re.findall(r"<kafka.version>([^<]+)</kafka.version>", pom)
     kafka = SERVICES["kafka"]
     assert kafka["image"] == f"apache/kafka:{version}"
@@ -63,12 +63,12 @@ def test_worker_scales() -> None:
 
 
 def test_image_installs_everything_the_worker_imports() -> None:
-    """Every package the wheel ships (pyproject.toml says which), and the broker's pom, are copied in."""
-    import tomllib
-
-    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"][
-        "packages"]
+    """The image copies the roof and every folder its links point at (schemas, streams, agents), and installs
+    the worker's and the door's extras."""
     dockerfile = (REPO / "Dockerfile").read_text()
-    for folder in (*packages, "broker"):
+    linked = sorted(p.name for p in (REPO / "arbiter").iterdir() if p.is_symlink())
+    assert linked == ["agents", "schemas", "streams"], linked
+    for folder in ("arbiter", *linked):
         assert (REPO / folder).is_dir(), folder
         assert f"COPY {folder} ./{folder}" in dockerfile, folder
+    assert 'pip install --no-cache-dir ".[all]"' in dockerfile

@@ -15,8 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from contract import MODELS, Codec, ContractError, LockRequested, Ping, Pong, Record, default_codec
-from contract.codec import HEADER_SIZE, SCHEMA_DIR
+from arbiter.schemas import MODELS, Codec, ContractError, LockRequested, Ping, Pong, Record, default_codec
+from arbiter.schemas.codec import HEADER_SIZE, SCHEMA_DIR
 
 from .avro_strategies import for_record
 
@@ -242,7 +242,7 @@ def test_old_messages_still_decode_after_a_field_is_added(tmp_path: Path) -> Non
 
     from pydantic import create_model
 
-    from contract import models
+    from arbiter.schemas import models
 
     evolved = create_model("Pong", __base__=Pong, worker_id=(str, "unknown"))
     evolved.AVRO_NAME = Pong.AVRO_NAME
@@ -267,7 +267,7 @@ def test_codec_refuses_a_schema_without_a_model(tmp_path: Path) -> None:
 @given(data=st.data())
 def test_a_trusted_record_equals_the_validated_one(model: type[Record], data: st.DataObject) -> None:
     """``trusted`` (the cores' unvalidated constructor) builds exactly what validation builds."""
-    from contract.models import trusted
+    from arbiter.schemas.models import trusted
 
     validated = model.model_validate(data.draw(for_record(_SCHEMAS_BY_NAME[model.AVRO_NAME])))
     fields = {name: getattr(validated, name) for name in model.model_fields}

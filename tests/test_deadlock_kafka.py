@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from agents import ArbiterClient, LeaseDenied, SagaAborted
+from arbiter.agents import ArbiterClient, LeaseDenied, SagaAborted
+from arbiter.edge.settings import Settings
 from arbiter.processes import WorkerPool, wait_until_served
-from contract import CompensationRequested, DeadlockDetected, WaitEdgeAdded, WaitEdgeRemoved
-from contract.partitioning import key_for_partition
-from contract.settings import Settings
-from runtime.topics import ensure_topics
-from tools.ledger import Ledger
+from arbiter.schemas import CompensationRequested, DeadlockDetected, WaitEdgeAdded, WaitEdgeRemoved
+from arbiter.schemas.partitioning import key_for_partition
+from arbiter.streams.runtime.topics import ensure_topics
+from arbiter.streams.tools.ledger import Ledger
 
 from .conftest import assert_clean_audit, fresh_postgres_schema, isolated_settings
 
@@ -124,7 +124,7 @@ async def test_ring_of_sagas_victim_is_compensated_and_the_others_finish(bootstr
         assert ledger.invariants()["ok"]
         assert detection.saga_id and detection.saga_id.startswith(f"saga:{victim}/{victim}-task:")
         from arbiter.audit.log import read_log
-        from contract.partitioning import partition_for
+        from arbiter.schemas.partitioning import partition_for
 
         partition = partition_for(detection.saga_id.encode(), settings.partitions)
         sagas = await read_log(settings, only=[(settings.topics.saga_commands, partition)])
@@ -198,7 +198,7 @@ def _cyclic(edges: set[tuple[str, str]]) -> bool:
 async def _read_edge_log(settings: Settings, times: bool = False) -> list[tuple[int, Any]]:
     """(offset, record) of every wait-edge message; (broker append time, record) with ``times``."""
     from arbiter.audit.log import read_log
-    from contract.partitioning import partition_for
+    from arbiter.schemas.partitioning import partition_for
 
     partition = partition_for(settings.graph_key.encode(), settings.partitions)
     log = await read_log(settings, only=[(settings.topics.wait_edges, partition)])

@@ -11,8 +11,8 @@ import pytest
 
 from arbiter.demo.rogue import DROPPED, FORBIDDEN, UNAUTHENTICATED, Attempt, RogueReport
 from arbiter.demo.swarm import Plan
+from arbiter.edge.settings import Settings, Topics
 from arbiter.processes import settings_env
-from contract.settings import Settings, Topics
 
 from .test_cli import arbiter
 
@@ -60,7 +60,7 @@ def test_the_demo_refuses_every_attack_of_its_rogue_agent(bootstrap: str, tmp_pa
     # story's resources; none is left in a key file (they were handed over in memory).
     run = next(line.split("run ", 1)[1].split(":")[0] for line in out.splitlines() if "; run " in line)
     topics = Topics(**{name: f"arbiter.demo.{run}.{name}" for name in Topics.model_fields})
-    from agents.identities import Registrar
+    from arbiter.agents.identities import Registrar
 
     entries = asyncio.run(Registrar(Settings(bootstrap=bootstrap, topics=topics, home=tmp_path)).entries())
     allowed = {e.name: e.allow for e in entries if e.role == "agent"}
@@ -84,7 +84,7 @@ def test_every_resource_of_the_swarm_lies_under_its_agents_prefixes() -> None:
 
 
 def test_an_attempt_that_is_not_refused_fails_the_demo_loudly(capsys: pytest.CaptureFixture[str]) -> None:
-    from arbiter.demo import _print_rogue
+    from arbiter.demo.runs import print_rogue as _print_rogue
 
     report = RogueReport(allow=["account:mallory"], attempts=[
         Attempt("release triage-1's lease as triage-1, unsigned", UNAUTHENTICATED, UNAUTHENTICATED, "dead letter",

@@ -20,13 +20,13 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from cryptography.hazmat.primitives import serialization
 
-from agents import ArbiterClient, DoorRefused
-from agents.identities import Registrar
+from arbiter.agents import ArbiterClient, DoorRefused
+from arbiter.agents.identities import Registrar
+from arbiter.edge.clock import now_ms
+from arbiter.edge.settings import Settings
 from arbiter.processes import DoorProcess
-from contract import DeadLetter, LockRequested, default_codec
-from contract.clock import now_ms
-from contract.identity import Signer
-from contract.settings import Settings
+from arbiter.schemas import DeadLetter, LockRequested, default_codec
+from arbiter.schemas.identity import Signer
 
 from .conftest import assert_clean_audit
 from .test_door_http import curl

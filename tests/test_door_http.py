@@ -32,16 +32,16 @@ from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 from websockets.uri import parse_uri
 
-from agents import ArbiterClient
-from agents.identities import Operator, Registrar
+from arbiter.agents import ArbiterClient
+from arbiter.agents.identities import Operator, Registrar
+from arbiter.edge.clock import now_ms
+from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.settings import Settings
 from arbiter.processes import DoorProcess, WorkerPool, wait_until_served
-from contract import default_codec
-from contract.clock import now_ms
-from contract.identity import Signer
-from contract.kafkaauth import kafka_client_options
-from contract.partitioning import key_for_partition
-from contract.settings import Settings
-from runtime.topics import ensure_topics
+from arbiter.schemas import default_codec
+from arbiter.schemas.identity import Signer
+from arbiter.schemas.partitioning import key_for_partition
+from arbiter.streams.runtime.topics import ensure_topics
 
 from .conftest import isolated_settings
 
@@ -466,7 +466,7 @@ class NodeSession:
 
 
 def lock_request(agent: str, resource: str, request_id: str) -> dict[str, Any]:
-    """A LockRequested record as JSON (``contract.jsonwire``)."""
+    """A LockRequested record as JSON (``arbiter.schemas.jsonwire``)."""
     return {"type": "LockRequested", "request_id": request_id, "agent_id": agent, "resource": resource,
             "mode": "exclusive", "ttl_ms": 30_000, "sent_at_ms": now_ms()}
 

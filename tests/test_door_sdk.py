@@ -24,13 +24,15 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import WebSocketException
 
-from agents import ArbiterClient, LeaseDenied
-from agents.httptransport import DoorRefused, HttpTransport, session_urls
-from agents.identities import Operator, ensure_credential, ensure_identity
-from agents.leases import ArbiterError, ArbiterUnavailable
+from arbiter.agents import ArbiterClient, LeaseDenied
+from arbiter.agents.errors import ArbiterError, ArbiterUnavailable, DoorRefused
+from arbiter.agents.httptransport import HttpTransport, session_urls
+from arbiter.agents.identities import Operator, ensure_credential, ensure_identity
 from arbiter.audit.log import Entry, read_log
+from arbiter.edge.clock import now_ms
+from arbiter.edge.settings import Settings
 from arbiter.processes import DoorProcess, WorkerPool, free_port
-from contract import (
+from arbiter.schemas import (
     LockCancelRequested,
     LockReleased,
     LockRequested,
@@ -40,12 +42,10 @@ from contract import (
     SagaFinished,
     SnapshotRequested,
 )
-from contract.clock import now_ms
-from contract.identity import Signer
-from contract.jsonwire import from_json, to_json
-from contract.models import MODELS
-from contract.settings import Settings
-from tools.ledger import Ledger
+from arbiter.schemas.identity import Signer
+from arbiter.schemas.jsonwire import from_json, to_json
+from arbiter.schemas.models import MODELS
+from arbiter.streams.tools.ledger import Ledger
 
 from .conftest import assert_clean_audit
 

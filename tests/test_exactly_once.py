@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from arbiter.audit.log import Log
-from contract.settings import Settings
+from arbiter.edge.settings import Settings
 from tests.golden.record import OUTCOMES, STORIES, audit_problems, first_difference, golden_plan, run_live
 
 from .conftest import isolated_settings

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from agents import ArbiterClient, ArbiterTimeout, LeaseDenied
+from arbiter.agents import ArbiterClient, ArbiterTimeout, LeaseDenied
+from arbiter.edge.settings import Settings
 from arbiter.processes import WorkerPool
-from contract import LockReleased
-from contract.partitioning import key_for_partition
-from contract.settings import Settings
+from arbiter.schemas import LockReleased
+from arbiter.schemas.partitioning import key_for_partition
 
 pytestmark = pytest.mark.kafka
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from agents import ArbiterClient, LeaseDenied, Outcome
+from arbiter.agents import ArbiterClient, LeaseDenied, Outcome
+from arbiter.edge.settings import Settings
 from arbiter.processes import WorkerPool, wait_until_served
-from contract.partitioning import key_for_partition
-from contract.settings import Settings
-from runtime.topics import ensure_topics
-from tools.ledger import Ledger
+from arbiter.schemas.partitioning import key_for_partition
+from arbiter.streams.runtime.topics import ensure_topics
+from arbiter.streams.tools.ledger import Ledger
 
 from .conftest import fresh_postgres_schema, isolated_settings
 

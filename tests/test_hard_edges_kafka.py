@@ -13,17 +13,18 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from agents import ArbiterClient
+from arbiter.agents import ArbiterClient
 from arbiter.audit import audit
 from arbiter.audit.log import read_log
+from arbiter.edge.clock import now_ms
+from arbiter.edge.keys import signer_for
+from arbiter.edge.settings import Settings
 from arbiter.processes import WorkerPool, wait_until_served
-from contract import MODELS, DeadLetter, LockRequested, Record, WaitEdgeAdded, default_codec
-from contract.clock import now_ms
-from contract.codec import SCHEMA_DIR
-from contract.identity import ROLE_WORKER, signer_for
-from contract.partitioning import key_for_partition
-from contract.settings import Settings
-from runtime.topics import ensure_topics
+from arbiter.schemas import MODELS, DeadLetter, LockRequested, Record, WaitEdgeAdded, default_codec
+from arbiter.schemas.codec import SCHEMA_DIR
+from arbiter.schemas.identity import ROLE_WORKER
+from arbiter.schemas.partitioning import key_for_partition
+from arbiter.streams.runtime.topics import ensure_topics
 
 from .conftest import isolated_settings
 

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 
-from contract import ContractError, LockGranted, LockRequested, ToolIntent
-from contract.identity import IdentityError, Signer
-from contract.jsonwire import from_json, to_json
-from contract.models import MODELS
-from cores.trust import AGENT_COMMANDS
+from arbiter.schemas import ContractError, LockGranted, LockRequested, ToolIntent
+from arbiter.schemas.identity import IdentityError, Signer
+from arbiter.schemas.jsonwire import from_json, to_json
+from arbiter.schemas.models import MODELS
+from arbiter.streams.cores.trust import AGENT_COMMANDS
 
 from .avro_strategies import for_record
 from .test_contract import BY_NAME, MODEL_BY_NAME

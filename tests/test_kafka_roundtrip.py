@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from contract import Cause, Holder, LockGranted, LockQueued, Record, ToolIntent, default_codec
-from contract.settings import Settings
+from arbiter.edge.settings import Settings
+from arbiter.schemas import Cause, Holder, LockGranted, LockQueued, Record, ToolIntent, default_codec
 
 pytestmark = pytest.mark.kafka
 

@@ -9,10 +9,11 @@ from collections import defaultdict
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from agents import ArbiterClient, LeaseDenied
-from agents.identities import Operator
+from arbiter.agents import ArbiterClient, LeaseDenied
+from arbiter.agents.identities import Operator
+from arbiter.edge.settings import Settings
 from arbiter.processes import WorkerPool
-from contract import (
+from arbiter.schemas import (
     LockDenied,
     LockExpired,
     LockGranted,
@@ -21,7 +22,6 @@ from contract import (
     Record,
     default_codec,
 )
-from contract.settings import Settings
 
 pytestmark = pytest.mark.kafka
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from contract import ToolIntent
-from tools.ledger import Ledger, merge_patch, register_ledger_tools
-from tools.registry import ToolRegistry
+from arbiter.schemas import ToolIntent
+from arbiter.streams.tools.ledger import Ledger, merge_patch, register_ledger_tools
+from arbiter.streams.tools.registry import ToolRegistry
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from arbiter.localkafka import POM, LocalKafka, LocalKafkaError, broker_answers
-from contract.settings import Settings, load_settings
-from runtime.topics import ensure_topics
+from arbiter.edge.settings import Settings, load_settings
+from arbiter.kafka import POM, LocalKafka, LocalKafkaError, broker_answers
+from arbiter.streams.runtime.topics import ensure_topics
 
 pytestmark = pytest.mark.kafka
 

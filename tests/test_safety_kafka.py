@@ -21,12 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from agents import ArbiterClient, LeaseDenied
-from agents.identities import Registrar
+from arbiter.agents import ArbiterClient, LeaseDenied
+from arbiter.agents.identities import Registrar
 from arbiter.audit import audit
 from arbiter.audit.log import read_log
+from arbiter.edge.clock import now_ms
+from arbiter.edge.keys import read_private_key
+from arbiter.edge.settings import Settings
 from arbiter.processes import WorkerPool, wait_until_served
-from contract import (
+from arbiter.schemas import (
     Cause,
     DeadLetter,
     LockDenied,
@@ -37,11 +40,9 @@ from contract import (
     ToolApplied,
     WaitEdgeAdded,
 )
-from contract.clock import now_ms
-from contract.identity import HEADER_AT, HEADER_KEY_ID, HEADER_PROOF, HEADER_SIG, Signer, read_private_key
-from contract.partitioning import key_for_partition, partition_for
-from contract.settings import Settings
-from runtime.topics import ensure_topics
+from arbiter.schemas.identity import HEADER_AT, HEADER_KEY_ID, HEADER_PROOF, HEADER_SIG, Signer
+from arbiter.schemas.partitioning import key_for_partition, partition_for
+from arbiter.streams.runtime.topics import ensure_topics
 
 from .conftest import isolated_settings
 from .test_trust_kafka import CODEC, TICK_KEY, Message, Wire, fresh, read_topic
@@ -278,7 +279,7 @@ async def test_a_snapshot_outside_the_agents_prefixes_is_refused_at_once(
 
 def test_a_tick_names_its_partition() -> None:
     """(The rule the workers apply to ticks, without a broker: a tick decides only its own partition.)"""
-    from shells.pipeline import RawInput, route_problem
+    from arbiter.streams.shells.pipeline import RawInput, route_problem
 
     tick = LockTick(tick_id="t", partition=2, sent_at_ms=0)
     at = RawInput("commands", 2, 0, TICK_KEY, b"", (), 1)

@@ -1,6 +1,6 @@
 """The agent SDK's public surface is small and deliberate: changing it fails here first."""
 
-import agents
+from arbiter import agents
 
 
 def test_public_surface() -> None:

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from aiokafka.errors import KafkaError
 
-from agents import ArbiterClient, ArbiterError, ArbiterUnavailable
-from arbiter.localkafka import POM, LocalKafka
+from arbiter.agents import ArbiterClient, ArbiterError, ArbiterUnavailable
+from arbiter.edge.settings import Settings, load_settings
+from arbiter.kafka import POM, LocalKafka
 from arbiter.processes import WorkerPool, free_port, wait_until_served
-from contract.partitioning import key_for_partition
-from contract.settings import Settings, load_settings
-from runtime.topics import ensure_topics
+from arbiter.schemas.partitioning import key_for_partition
+from arbiter.streams.runtime.topics import ensure_topics
 
 from .conftest import assert_clean_audit, isolated_settings
 

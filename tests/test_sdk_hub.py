@@ -1,4 +1,4 @@
-"""One process's SDK clients share one producer, one registry feed and one inbox reader (``agents.hub``).
+"""One process's SDK clients share one producer, one registry feed and one inbox reader (``arbiter.agents.hub``).
 
 Against the real broker: the sharing itself, that every agent still gets exactly its own
 records from its start on while others join and leave, and that a worker grants to
@@ -14,16 +14,16 @@ from typing import Any
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from agents import ArbiterClient
-from agents import hub as hubs
-from agents.identities import ensure_identity
-from agents.transport import KafkaTransport
+from arbiter.agents import ArbiterClient
+from arbiter.agents import hub as hubs
+from arbiter.agents.identities import ensure_identity
+from arbiter.agents.transport import KafkaTransport
+from arbiter.edge.clock import now_ms
+from arbiter.edge.settings import Settings
 from arbiter.processes import WorkerPool
-from contract import Cause, Codec, Pong, Record, default_codec
-from contract.clock import now_ms
-from contract.identity import Signer
-from contract.partitioning import partition_for
-from contract.settings import Settings
+from arbiter.schemas import Cause, Codec, Pong, Record, default_codec
+from arbiter.schemas.identity import Signer
+from arbiter.schemas.partitioning import partition_for
 
 pytestmark = pytest.mark.kafka
 

@@ -10,18 +10,19 @@ from typing import Any
 
 import pytest
 
-import agents
-from agents.leases import Lease
-from agents.outcomes import Outcome
-from agents.sagas import Saga, SagaAborted, SagaMessage, SagaStepRejected
-from contract import CompensationRequested, SagaStep
-from contract.reasons import RETRIABLE, Reason
+from arbiter import agents
+from arbiter.agents.errors import SagaAborted, SagaStepRejected
+from arbiter.agents.leases import Lease
+from arbiter.agents.outcomes import Outcome
+from arbiter.agents.sagas import Saga, SagaMessage
+from arbiter.schemas import CompensationRequested, SagaStep
+from arbiter.schemas.reasons import RETRIABLE, Reason
 
 AGENTS = Path(agents.__file__).parent
 
 
 class FakeHost:
-    """Just what ``agents.sagas.SagaHost`` names; records every call."""
+    """Just what ``arbiter.agents.sagas.SagaHost`` names; records every call."""
 
     def __init__(self, applied: bool = True) -> None:
         self.agent_id = "refunder"
@@ -131,7 +132,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_facade_sits_on_top_sagas_and_transport_never_import_it() -> None:
-    assert not {".client", "agents.client"} & _imports(AGENTS / "sagas.py")
-    assert not {".client", "agents.client", ".sagas", "agents.sagas"} & _imports(AGENTS / "transport.py")
-    assert {".transport", ".sagas"} <= _imports(AGENTS / "client.py")
+    assert "arbiter.agents.client" not in _imports(AGENTS / "sagas.py")
+    assert not {"arbiter.agents.client", "arbiter.agents.sagas"} & _imports(AGENTS / "transport.py")
+    assert {"arbiter.agents.transport", "arbiter.agents.sagas"} <= _imports(AGENTS / "client.py")
     assert not any(name.startswith("aiokafka") for name in _imports(AGENTS / "client.py"))

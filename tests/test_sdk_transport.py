@@ -7,12 +7,12 @@ import asyncio
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from agents.identities import ensure_identity
-from agents.transport import KafkaTransport
-from contract import Cause, Pong, Record, default_codec
-from contract.clock import now_ms
-from contract.partitioning import partition_for
-from contract.settings import Settings
+from arbiter.agents.identities import ensure_identity
+from arbiter.agents.transport import KafkaTransport
+from arbiter.edge.clock import now_ms
+from arbiter.edge.settings import Settings
+from arbiter.schemas import Cause, Pong, Record, default_codec
+from arbiter.schemas.partitioning import partition_for
 
 pytestmark = pytest.mark.kafka
 

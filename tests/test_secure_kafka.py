@@ -23,9 +23,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
-from arbiter.localkafka import POM, LocalKafka, LocalKafkaError, broker_answers, secure_acls
-from contract.kafkaauth import KafkaAuthError, faust_credentials, kafka_client_options, load_credentials
-from contract.settings import Settings, load_settings
+from arbiter.edge.kafkaauth import KafkaAuthError, faust_credentials, kafka_client_options, load_credentials
+from arbiter.edge.settings import Settings, load_settings
+from arbiter.kafka import POM, LocalKafka, LocalKafkaError, broker_answers, secure_acls
 
 pytestmark = pytest.mark.kafka
 

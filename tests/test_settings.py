@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from contract.settings import Settings, load_settings
+from arbiter.edge.settings import Settings, load_settings
 
 
 def test_defaults_point_at_the_local_broker(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -8,7 +8,7 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from runtime.topics import TopicError, ensure_topics
+from arbiter.streams.runtime.topics import TopicError, ensure_topics
 
 from .conftest import isolated_settings
 

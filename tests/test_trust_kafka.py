@@ -19,10 +19,12 @@ from dataclasses import dataclass
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from agents import ArbiterClient, LeaseDenied
-from agents.identities import Operator, Registrar
+from arbiter.agents import ArbiterClient, LeaseDenied
+from arbiter.agents.identities import Operator, Registrar
+from arbiter.edge.clock import now_ms
+from arbiter.edge.settings import Settings
 from arbiter.processes import WorkerPool
-from contract import (
+from arbiter.schemas import (
     Cause,
     CompensationRequested,
     DeadLetter,
@@ -49,11 +51,9 @@ from contract import (
     WaitEdgeAdded,
     default_codec,
 )
-from contract.clock import now_ms
-from contract.identity import Signer
-from contract.partitioning import partition_for
-from contract.settings import Settings
-from tools.ledger import Ledger
+from arbiter.schemas.identity import Signer
+from arbiter.schemas.partitioning import partition_for
+from arbiter.streams.tools.ledger import Ledger
 
 from .conftest import assert_clean_audit
 
@@ -61,7 +61,7 @@ pytestmark = pytest.mark.kafka
 
 CODEC = default_codec()
 MALLORY_PREFIXES = ["account:mallory", "ticket:mallory"]
-TICK_KEY = b"__tick__"  # the workers' tick key (runtime.worker.TICK_KEY; not imported: that loads faust)
+TICK_KEY = b"__tick__"  # the workers' tick key (arbiter.streams.shells.pipeline.TICK_KEY)
 UNAUTHENTICATED, FORBIDDEN = "unauthenticated", "forbidden"
 WAIT_S = 30.0
 

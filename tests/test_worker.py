@@ -10,14 +10,15 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from agents import ArbiterClient, ArbiterTimeout
+from arbiter.agents import ArbiterClient, ArbiterTimeout
+from arbiter.edge.clock import now_ms
+from arbiter.edge.keys import key_file, write_private_key
+from arbiter.edge.settings import Settings
 from arbiter.processes import WorkerPool, wait_until_served
-from contract import Cause, DeadLetter, LockRequested, Ping, SagaFinished, default_codec
-from contract.clock import now_ms
-from contract.identity import ROLE_WORKER, Signer, key_file, write_private_key
-from contract.partitioning import key_for_partition
-from contract.settings import Settings
-from runtime.topics import ensure_topics
+from arbiter.schemas import Cause, DeadLetter, LockRequested, Ping, SagaFinished, default_codec
+from arbiter.schemas.identity import ROLE_WORKER, Signer
+from arbiter.schemas.partitioning import key_for_partition
+from arbiter.streams.runtime.topics import ensure_topics
 
 from .conftest import isolated_settings
 

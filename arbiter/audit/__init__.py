@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable, Collection
 from typing import Any
 
-from contract import (
+from arbiter.edge.settings import Settings
+from arbiter.schemas import (
     Compensated,
     DeadlockDetected,
     LockCancelled,
@@ -32,7 +33,6 @@ from contract import (
     ToolApplied,
     ToolRejected,
 )
-from contract.settings import Settings
 
 from .checks import (
     CHECKS,

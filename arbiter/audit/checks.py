@@ -8,7 +8,7 @@ Two kinds of check:
   processors, so a bug in a decision core cannot hide itself, and a forged or edited
   decision in the log is caught even where it is self-consistent.
 
-- **authenticated** checks every message's signature (``contract.identity``) against
+- **authenticated** checks every message's signature (``arbiter.schemas.identity``) against
   the registry the admin signed and the admin public keys this auditor trusts, and who
   may write where: decisions only by workers, commands by an identity allowed to send
   them (or else refused by the workers), registry records only by an admin. It runs
@@ -29,7 +29,8 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from contract import (
+from arbiter.edge.settings import Settings
+from arbiter.schemas import (
     CompensationRequested,
     ContractError,
     DeadLetter,
@@ -54,11 +55,10 @@ from contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
-from contract.codec import default_codec
-from contract.identity import ROLE_ADMIN, ROLE_WORKER, Refused, Registry, Verified
-from contract.reasons import Reason
-from contract.settings import Settings
-from cores.trust import authorize
+from arbiter.schemas.codec import default_codec
+from arbiter.schemas.identity import ROLE_ADMIN, ROLE_WORKER, Refused, Registry, Verified
+from arbiter.schemas.reasons import Reason
+from arbiter.streams.cores.trust import authorize
 
 from .log import Entry, Log, identity
 from .replay import NO_ANCHORS, Output, from_outside, verifies
@@ -534,7 +534,7 @@ def check_cycles(log: Log, settings: Settings, findings: Findings) -> dict[str, 
 
 @dataclass
 class _Graph:
-    """A plain wait-for graph, independent of ``cores.waitgraph``."""
+    """A plain wait-for graph, independent of ``arbiter.streams.cores.waitgraph``."""
 
     edges: dict[str, tuple[str, str]] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)

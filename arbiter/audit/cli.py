@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 import click
 
-from contract.settings import Settings
+from arbiter.edge.settings import Settings
 
 from .log import Log, load_archive, read_log, write_archive
 

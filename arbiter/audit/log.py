@@ -5,7 +5,7 @@ consumer group, nothing committed) and a portable archive (``load_archive``), on
 JSON object per line, decoded, so that a reviewer can read and diff it. Archives are
 how golden histories are kept and how tests tamper with a copy of a log.
 
-Each message keeps its headers (the signature: ``contract.identity``), and the audit
+Each message keeps its headers (the signature: ``arbiter.schemas.identity``), and the audit
 checks a signature over the message's exact value bytes. Those are the record encoded
 again (``Entry.value_bytes``), which is what the writer sent whenever it used this
 Arbiter's schemas; a message whose bytes differ (an older schema wrote it) keeps its
@@ -24,13 +24,13 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import TopicPartition
 from pydantic_core import PydanticSerializationError
 
-from contract import MODELS, Cause, ContractError, Record, WorkerStarted, default_codec
-from contract.codec import Codec
-from contract.kafkaauth import kafka_client_options
-from contract.settings import Settings, Topics
+from arbiter.edge.settings import Settings, Topics
+from arbiter.edge.tail import Tail
+from arbiter.schemas import MODELS, Cause, ContractError, Record, WorkerStarted, default_codec
+from arbiter.schemas.codec import Codec
 
 ARCHIVE_FORMAT = "arbiter-log/1"
 _BY_NAME: dict[str, type[Record]] = {cls.__name__: cls for cls in MODELS}
@@ -163,47 +163,21 @@ async def read_log(settings: Settings, progress: Progress | None = None,
     """Every message on Arbiter's topics (or ``only`` those topic partitions), from the beginning
     to their current end. Read-only: no consumer group, nothing committed."""
     codec = default_codec(settings.max_message_bytes)
-    topics = settings.topics
-    log = Log(topics, source=f"kafka://{settings.bootstrap}", partition_count=settings.partitions)
-    consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, enable_auto_commit=False,
-                                auto_offset_reset="earliest", isolation_level="read_committed",
-                                max_partition_fetch_bytes=4 * settings.max_message_bytes,
-                                **kafka_client_options(settings))
-    await consumer.start()
-    try:
-        tps: list[TopicPartition] = [TopicPartition(topic, partition) for topic, partition in only or ()]
-        for name in topics.all() if only is None else ():
-            parts = consumer.partitions_for_topic(name)
-            if parts is None:
-                await consumer._client.force_metadata_update()  # topic created moments ago
-                parts = consumer.partitions_for_topic(name) or set()
-            tps.extend(TopicPartition(name, p) for p in sorted(parts))
-        if not tps:
+    log = Log(settings.topics, source=f"kafka://{settings.bootstrap}", partition_count=settings.partitions)
+    where = [TopicPartition(topic, partition) for topic, partition in only] if only is not None \
+        else settings.topics.all()
+    if not where:
+        return log
+    async with Tail(settings, where, start="beginning", decode=False,
+                    max_partition_fetch_bytes=4 * settings.max_message_bytes) as tail:
+        if not tail.tps:
             return log
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
-        starts = await consumer.beginning_offsets(tps)
-        ends = await consumer.end_offsets(tps)
-        total = sum(ends[tp] - starts[tp] for tp in tps)
-        done = 0
-        pending = {tp for tp in tps if ends[tp] > starts[tp]}
-        while pending:
-            batch = await consumer.getmany(*pending, timeout_ms=5000, max_records=10_000)
-            for tp, messages in batch.items():
-                for message in messages:
-                    if message.offset >= ends[tp]:
-                        pending.discard(tp)
-                        break
-                    log.add(_entry(codec, message.topic, message.partition, message.offset, message.timestamp,
-                                   message.key, message.value, message.headers))
-                    done += 1
-            for tp in list(pending):
-                if await consumer.position(tp) >= ends[tp]:
-                    pending.discard(tp)
-            if progress:
-                progress(done, total)
-    finally:
-        await consumer.stop()
+        ends = await tail.ends()
+        total = sum(ends.values()) - sum((await tail.starts()).values())
+        for message, _record in await tail.read_to_end(ends, progress=(lambda done: progress(done, total))
+                                                       if progress else None):
+            log.add(_entry(codec, message.topic, message.partition, message.offset, message.timestamp,
+                           message.key, message.value, message.headers))
     return log
 
 

@@ -2,7 +2,7 @@
 
 ``Engine`` holds the state the three processors keep in tables (lease books,
 contents, wait-for graph rows, sagas) in plain dictionaries, and decides each message
-through the very path the workers' runtimes call (``shells.pipeline.Pipeline``: decode,
+through the very path the workers' runtimes call (``arbiter.streams.shells.pipeline.Pipeline``: decode,
 partition, trust gate, shell, quarantine, dead letter), collecting what the worker would
 have sent. Tools are not run again: an accepted intent gets the outcome the log
 recorded for it.
@@ -15,7 +15,7 @@ recorded for it.
   in time order, and measure what differs.
 
 A log decided with signature verification on (its rules say ``verify_signatures``) is
-replayed through the workers' own trust gate (``shells.trust.Gate``): each input is
+replayed through the workers' own trust gate (``arbiter.streams.shells.trust.Gate``): each input is
 admitted or refused by the registry as it stood when the broker appended the input
 (``ReplayTrust``), against the admin public keys this auditor trusts, never keys read
 from the log.
@@ -31,7 +31,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from contract import (
+from arbiter.edge.keys import anchors_for
+from arbiter.edge.settings import Settings
+from arbiter.schemas import (
     CompensationRequested,
     DeadlockDetected,
     IdentityRegistered,
@@ -46,17 +48,16 @@ from contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
-from contract.codec import Codec, default_codec
-from contract.identity import IdentityError, Refused, Registry, Verified, anchors_for
-from contract.partitioning import partition_for
-from contract.settings import Settings
-from cores.gateway import ContentState, ToolOutcome
-from cores.leases import LeaseBook
-from cores.saga import COMPENSATED, COMPLETED, Saga
-from cores.waitgraph import VictimPolicy
-from shells import Routes, Rules
-from shells.pipeline import Pipeline, RawInput, input_topics
-from shells.trust import Gate
+from arbiter.schemas.codec import Codec, default_codec
+from arbiter.schemas.identity import IdentityError, Refused, Registry, Verified
+from arbiter.schemas.partitioning import partition_for
+from arbiter.streams.cores.gateway import ContentState, ToolOutcome
+from arbiter.streams.cores.leases import LeaseBook
+from arbiter.streams.cores.saga import COMPENSATED, COMPLETED, Saga
+from arbiter.streams.cores.waitgraph import VictimPolicy
+from arbiter.streams.shells import Routes, Rules
+from arbiter.streams.shells.pipeline import Pipeline, RawInput, input_topics
+from arbiter.streams.shells.trust import Gate
 
 from .log import Entry, Log
 
@@ -69,7 +70,7 @@ class RecordedTools:
     of a run is the one the log recorded (tools are side effects, not decisions)."""
 
     def __init__(self, log: Log, simulated: bool = False) -> None:
-        from tools.ledger import ledger_tool_registry
+        from arbiter.streams.tools.ledger import ledger_tool_registry
 
         self.simulated = simulated
         """What-if mode: a run the recording never made succeeds (the tools' answer is unknowable)."""
@@ -408,7 +409,7 @@ class Policy:
     @classmethod
     def parse(cls, text: str) -> Policy:
         """``ttl=30s,victim=youngest``: a clear ``ValueError`` for anything else."""
-        from cores.waitgraph import VICTIM_POLICIES
+        from arbiter.streams.cores.waitgraph import VICTIM_POLICIES
 
         values: dict[str, Any] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):

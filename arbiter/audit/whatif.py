@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from contract import (
+from arbiter.edge.settings import Settings
+from arbiter.schemas import (
     DeadlockDetected,
     LockDenied,
     LockExpired,
@@ -16,7 +17,6 @@ from contract import (
     ToolApplied,
     ToolRejected,
 )
-from contract.settings import Settings
 
 from .log import Log, identity
 from .replay import Policy, simulate

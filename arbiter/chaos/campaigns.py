@@ -44,13 +44,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
-from agents import ArbiterClient
+from arbiter.agents import ArbiterClient
+from arbiter.edge.clock import now_ms
+from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.tail import Tail
 from arbiter.processes import settings_env
-from contract import (
+from arbiter.schemas import (
     Cause,
-    ContractError,
     DeadLetter,
     LockDenied,
     LockExpired,
@@ -63,10 +65,8 @@ from contract import (
     ToolRejected,
     default_codec,
 )
-from contract.clock import now_ms
-from contract.identity import Signer
-from contract.kafkaauth import kafka_client_options
-from contract.partitioning import partition_for
+from arbiter.schemas.identity import Signer
+from arbiter.schemas.partitioning import partition_for
 
 from .rig import ChaosError, LogFollower, Rig, close_quietly
 from .workload import Phase, Workload, percentile
@@ -454,44 +454,25 @@ class Duplicates(Campaign):
     per_burst: int = 15
     sent: list[tuple[str, int, bytes | None, bytes, list[tuple[str, bytes]], Record]] = field(default_factory=list)
     copies: list[dict[str, Any]] = field(default_factory=list)
-    _consumer: AIOKafkaConsumer | None = None
+    _tail: Tail | None = None
     _producer: AIOKafkaProducer | None = None
-    _reader: asyncio.Task[None] | None = None
 
     async def setup(self) -> None:
         s = self.rig.settings
-        options = kafka_client_options(s)
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=s.bootstrap, group_id=None, enable_auto_commit=False,
-                                          auto_offset_reset="earliest", fetch_max_wait_ms=100, **options)
-        await self._consumer.start()
-        tps = [TopicPartition(s.topics.resource_commands, p) for p in range(s.partitions)]
-        self._consumer.assign(tps)
-        await self._consumer.seek_to_beginning(*tps)
-        self._producer = AIOKafkaProducer(bootstrap_servers=s.bootstrap, acks="all", linger_ms=0, **options)
+        self._tail = Tail(s, [s.topics.resource_commands], start="beginning", isolation_level="read_uncommitted",
+                          on_message=self._keep)
+        await self._tail.start()
+        self._producer = AIOKafkaProducer(bootstrap_servers=s.bootstrap, acks="all", linger_ms=0,
+                                          **kafka_client_options(s))
         await self._producer.start()
-        self._reader = asyncio.create_task(self._read())
 
-    async def _read(self) -> None:
-        assert self._consumer is not None
-        codec = default_codec(self.rig.settings.max_message_bytes)
-        while True:
-            batch = await self._consumer.getmany(timeout_ms=200)
-            for messages in batch.values():
-                for m in messages:
-                    try:
-                        record: Record = codec.decode(m.value)
-                    except ContractError:
-                        continue
-                    if isinstance(record, _COPIED) and record.agent_id.startswith("agent-") and m.headers:
-                        self.sent.append((m.topic, m.partition, m.key, m.value,
-                                          [(k, bytes(v)) for k, v in m.headers], record))
+    def _keep(self, m: Any, record: Record | None) -> None:
+        if isinstance(record, _COPIED) and record.agent_id.startswith("agent-") and m.headers:
+            self.sent.append((m.topic, m.partition, m.key, m.value, [(k, bytes(v)) for k, v in m.headers], record))
 
     async def teardown(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-        if self._consumer is not None:
-            await self._consumer.stop()
+        if self._tail is not None:
+            await self._tail.stop()
         if self._producer is not None:
             await self._producer.stop()
 

@@ -23,8 +23,8 @@ import json
 import sys
 from typing import Any
 
-from agents import ArbiterClient, ArbiterError, Lease
-from contract.settings import load_settings
+from arbiter.agents import ArbiterClient, ArbiterError, Lease
+from arbiter.edge.settings import load_settings
 
 
 def _answer(payload: dict[str, Any]) -> None:

@@ -35,16 +35,18 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.structs import ConsumerRecord
 
-from agents import ArbiterClient, ArbiterError
-from arbiter.localkafka import POM, LocalKafka, LocalKafkaError, broker_answers
+from arbiter.agents import ArbiterClient, ArbiterError
+from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.settings import Settings, Topics
+from arbiter.edge.tail import Tail
+from arbiter.kafka import POM, LocalKafka, LocalKafkaError, broker_answers
 from arbiter.processes import WorkerPool, free_port
-from contract import ContractError, Record, default_codec
-from contract.identity import Signer
-from contract.kafkaauth import kafka_client_options
-from contract.partitioning import key_for_partition
-from contract.settings import Settings, Topics
-from runtime.topics import delete_topics_named, ensure_topics
+from arbiter.schemas import Record
+from arbiter.schemas.identity import Signer
+from arbiter.schemas.partitioning import key_for_partition
+from arbiter.streams.runtime.topics import delete_topics_named, ensure_topics
 
 REPO = Path(__file__).resolve().parents[2]
 BALANCE = 10**12
@@ -169,62 +171,28 @@ class LogFollower:
     that wait on the log: ``wait(ready)`` re-checks ``ready()`` each time something arrives."""
 
     def __init__(self, settings: Settings, keep: tuple[type[Record], ...]) -> None:
-        self.settings = settings
         self.keep = keep
         """The record types to keep (the rest is read past)."""
-        self.codec = default_codec(settings.max_message_bytes)
         self.records: list[tuple[str, Record]] = []
-        self._changed = asyncio.Condition()
-        self._consumer: AIOKafkaConsumer | None = None
-        self._reader: asyncio.Task[None] | None = None
+        t = settings.topics
+        self._tail = Tail(settings, [t.resource_events, t.dead_letter], isolation_level="read_uncommitted",
+                          on_message=self._keep)
+
+    def _keep(self, message: ConsumerRecord, record: Record | None) -> None:
+        if isinstance(record, self.keep):
+            self.records.append((message.topic, record))
 
     async def start(self) -> None:
         """Read from the topics' current ends on."""
-        t = self.settings.topics
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap, group_id=None,
-                                          enable_auto_commit=False, fetch_max_wait_ms=100,
-                                          **kafka_client_options(self.settings))
-        await self._consumer.start()
-        tps = [TopicPartition(topic, p) for topic in (t.resource_events, t.dead_letter)
-               for p in range(self.settings.partitions)]
-        self._consumer.assign(tps)
-        await self._consumer.seek_to_end(*tps)
-        for tp in tps:
-            await self._consumer.position(tp)
-        self._reader = asyncio.create_task(self._read())
+        await self._tail.start()
 
     async def stop(self) -> None:
         """Stop reading."""
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-        if self._consumer is not None:
-            await self._consumer.stop()
-
-    async def _read(self) -> None:
-        assert self._consumer is not None
-        while True:
-            batch = await self._consumer.getmany(timeout_ms=200)
-            for messages in batch.values():
-                for message in messages:
-                    try:
-                        record: Record = self.codec.decode(message.value)
-                    except ContractError:
-                        continue
-                    if isinstance(record, self.keep):
-                        self.records.append((message.topic, record))
-            if batch:
-                async with self._changed:
-                    self._changed.notify_all()
+        await self._tail.stop()
 
     async def wait(self, ready: Callable[[], bool], timeout: float) -> bool:
         """Whether ``ready()`` came to hold within ``timeout`` seconds."""
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(ready), timeout)
-            except TimeoutError:
-                return False
-        return True
+        return await self._tail.wait_for(ready, timeout)
 
 
 @dataclass
@@ -304,7 +272,7 @@ class Rig:
     async def enroll(self, agents: dict[str, list[str]]) -> dict[str, Settings]:
         """Issue each agent a key allowed only its prefixes, registered in this run's registry; the
         settings its SDK signs with (the key is handed over in memory: no key file is left)."""
-        from agents.identities import Registrar
+        from arbiter.agents.identities import Registrar
 
         async def one(name: str, allow: list[str]) -> tuple[str, Settings]:
             signer = await Registrar(self.settings).add(name, allow=allow, keep_key=False)

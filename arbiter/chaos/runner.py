@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agents import ArbiterClient
-from contract import ToolApplied
-from contract.settings import Settings
-from runtime.topics import group_session_bounds
+from arbiter.agents import ArbiterClient
+from arbiter.edge.settings import Settings
+from arbiter.schemas import ToolApplied
+from arbiter.streams.runtime.topics import group_session_bounds
 
 from .campaigns import CAMPAIGNS, Campaign, Check, FreezeAgent, decided_twice
 from .rig import BALANCE, Broker, Rig, close_quietly, create_topics, open_broker, run_settings
@@ -132,7 +132,7 @@ async def _clean_up(rig: Rig, say: Callable[[str], None]) -> int:
 async def _exercise(opts: ChaosOptions, rig: Rig, campaign: Campaign, names: list[str], resources: list[str],
                     say: Callable[[str], None]) -> dict[str, Any]:
     """Everything between the topics' creation and their deletion."""
-    from tools.ledger import Ledger
+    from arbiter.streams.tools.ledger import Ledger
 
     settings, folder, tag = rig.settings, rig.folder, rig.tag
     ledger = Ledger(settings.ledger_url())

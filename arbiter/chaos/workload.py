@@ -30,8 +30,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents import ArbiterClient, ArbiterError, ArbiterTimeout, ArbiterUnavailable, LeaseDenied
-from contract.partitioning import partition_for
+from arbiter.agents import ArbiterClient, ArbiterError, ArbiterTimeout, ArbiterUnavailable, LeaseDenied
+from arbiter.schemas.partitioning import partition_for
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -25,11 +25,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaProducer
 
-from agents import ArbiterClient
-from agents.identities import Registrar
-from contract import (
+from arbiter.agents import ArbiterClient
+from arbiter.agents.identities import Registrar
+from arbiter.edge.clock import now_ms
+from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.settings import Settings
+from arbiter.edge.tail import Tail
+from arbiter.schemas import (
     Cause,
     CompensationRequested,
     DeadLetter,
@@ -48,17 +52,14 @@ from contract import (
     WaitEdgeAdded,
     default_codec,
 )
-from contract.clock import now_ms
-from contract.identity import ROLE_WORKER, Signer
-from contract.kafkaauth import kafka_client_options
-from contract.partitioning import partition_for
-from contract.settings import Settings
+from arbiter.schemas.identity import ROLE_WORKER, Signer
+from arbiter.schemas.partitioning import partition_for
 
 ROGUE = "mallory"
 WAIT_S = 30.0
 """How long an attempt waits for its refusal before it counts as not refused."""
 TICK_KEY = b"__tick__"
-"""The workers' tick key (``runtime.worker.TICK_KEY``; not imported: that loads faust)."""
+"""The workers' tick key (``arbiter.streams.shells.pipeline.TICK_KEY``)."""
 UNAUTHENTICATED, FORBIDDEN, DROPPED = "unauthenticated", "forbidden", "dropped"
 
 Lease = tuple[str, str, int]
@@ -133,66 +134,31 @@ class LogWatch:
     """The dead letters and the inbox answers from now on, as anyone with read access sees them."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self.codec = default_codec(settings.max_message_bytes)
         self.letters: dict[tuple[str, int, int], DeadLetter] = {}
         self.answers: dict[tuple[str, str], LockDenied | ToolRejected] = {}
-        self._changed = asyncio.Condition()
-        self._consumer: AIOKafkaConsumer | None = None
-        self._reader: asyncio.Task[None] | None = None
+        t = settings.topics
+        self._tail = Tail(settings, [t.dead_letter, t.agent_inbox], on_message=self._keep)
+
+    def _keep(self, _message: object, record: Record | None) -> None:
+        if isinstance(record, DeadLetter):
+            source = record.source
+            self.letters[source.topic, source.partition, source.offset] = record
+        elif isinstance(record, LockDenied):
+            self.answers[record.agent_id, record.request_id] = record
+        elif isinstance(record, ToolRejected):
+            self.answers[record.agent_id, record.intent_id] = record
 
     async def start(self) -> None:
         """Pin the topics' current ends, then read on from there."""
-        t = self.settings.topics
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap, group_id=None,
-                                          enable_auto_commit=False, isolation_level="read_committed",
-                                          fetch_max_wait_ms=100, **kafka_client_options(self.settings))
-        await self._consumer.start()
-        tps = [TopicPartition(topic, p) for topic in (t.dead_letter, t.agent_inbox)
-               for p in range(self.settings.partitions)]
-        self._consumer.assign(tps)
-        await self._consumer.seek_to_end(*tps)
-        for tp in tps:
-            await self._consumer.position(tp)
-        self._reader = asyncio.create_task(self._read())
+        await self._tail.start()
 
     async def stop(self) -> None:
         """Stop reading."""
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-        if self._consumer is not None:
-            await self._consumer.stop()
-
-    async def _read(self) -> None:
-        assert self._consumer is not None
-        while True:
-            batch = await self._consumer.getmany(timeout_ms=200)
-            for messages in batch.values():
-                for message in messages:
-                    try:
-                        record: Record = self.codec.decode(message.value)
-                    except Exception:  # not ours to judge here: the workers dead-letter it
-                        continue
-                    if isinstance(record, DeadLetter):
-                        source = record.source
-                        self.letters[source.topic, source.partition, source.offset] = record
-                    elif isinstance(record, LockDenied):
-                        self.answers[record.agent_id, record.request_id] = record
-                    elif isinstance(record, ToolRejected):
-                        self.answers[record.agent_id, record.intent_id] = record
-            if batch:
-                async with self._changed:
-                    self._changed.notify_all()
+        await self._tail.stop()
 
     async def wait(self, ready: Callable[[], bool], timeout: float = WAIT_S) -> bool:
         """Whether ``ready()`` came to hold (re-checked as the log arrives) within ``timeout``."""
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(ready), timeout)
-            except TimeoutError:
-                return False
-        return True
+        return await self._tail.wait_for(ready, timeout)
 
 
 async def until(ready: Callable[[], bool], timeout: float = WAIT_S) -> bool:

@@ -32,9 +32,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agents import ArbiterClient, LeaseDenied, LeaseLost, Outcome, SagaAborted, SagaStepRejected
-from tools.ledger import Ledger
-from tools.registry import ToolRegistry
+from arbiter.agents import ArbiterClient, LeaseDenied, LeaseLost, Outcome, SagaAborted, SagaStepRejected
+from arbiter.streams.tools.ledger import Ledger
+from arbiter.streams.tools.registry import ToolRegistry
 
 STORIES = ("refunds", "slow", "ring", "document")
 RING = ("routing", "refactoring", "testing", "documentation")
@@ -235,7 +235,7 @@ class UnsafeWorkspace:
         return None
 
     async def write(self, handle: Any, tool: str, args: dict[str, Any], base_version: int | None) -> Outcome:
-        from contract import ToolIntent
+        from arbiter.schemas import ToolIntent
 
         resource = handle if isinstance(handle, str) else handle.resource
         intent = ToolIntent(intent_id=uuid.uuid4().hex, agent_id=self.agent_id, resource=resource, token=None,

@@ -28,9 +28,9 @@ from arbiter.audit.log import (
     write_archive,
 )
 from arbiter.audit.replay import Moment, Policy, parse_moment
-from contract import MODELS, Cause, DeadLetter, LockGranted, LockRequested
-from contract.codec import SCHEMA_DIR
-from contract.settings import Topics
+from arbiter.edge.settings import Topics
+from arbiter.schemas import MODELS, Cause, DeadLetter, LockGranted, LockRequested
+from arbiter.schemas.codec import SCHEMA_DIR
 
 from ..avro_strategies import for_record
 
@@ -122,7 +122,7 @@ def test_an_archive_line_without_headers_reads_as_before() -> None:
 
 
 def test_value_bytes_are_the_encoded_record_unless_kept() -> None:
-    from contract import default_codec
+    from arbiter.schemas import default_codec
 
     codec = default_codec()
     request = LockRequested(request_id="r1", agent_id="alpha", resource="account:a", mode="exclusive",
@@ -344,7 +344,7 @@ def test_a_dead_letter_where_events_belong_does_not_crash_the_audit() -> None:
     import asyncio
 
     from arbiter.audit import audit
-    from contract.settings import Settings
+    from arbiter.edge.settings import Settings
 
     letter = DeadLetter(reason="undecodable", detail="", processor="resource", value=b"\xff\xfe", at_ms=T0,
                         source=Cause(topic=TOPICS.resource_commands, partition=0, offset=0))

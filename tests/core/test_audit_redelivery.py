@@ -11,7 +11,7 @@ from pathlib import Path
 
 from arbiter.audit import audit
 from arbiter.audit.log import Entry, Log, load_archive
-from contract import DeadlockDetected, LockRequested, LockRevokeRequested, WaitEdgeAdded, WaitEdgeRemoved
+from arbiter.schemas import DeadlockDetected, LockRequested, LockRevokeRequested, WaitEdgeAdded, WaitEdgeRemoved
 from tests.golden.record import golden_settings
 
 RING = Path(__file__).resolve().parents[1] / "golden" / "ring.jsonl"

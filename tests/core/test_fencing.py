@@ -7,10 +7,10 @@ import copy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract import LockDenied, LockReleased, LockRenewed, ToolApplied, ToolRejected
-from contract.reasons import Reason
-from cores.gateway import GatewayRules
-from cores.leases import LockTick
+from arbiter.schemas import LockDenied, LockReleased, LockRenewed, ToolApplied, ToolRejected
+from arbiter.schemas.reasons import Reason
+from arbiter.streams.cores.gateway import GatewayRules
+from arbiter.streams.cores.leases import LockTick
 
 from .test_gateway import Gate
 from .test_leases import Harness

@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract import Cause, ToolApplied, ToolIntent, ToolRejected
-from cores.gateway import (
+from arbiter.schemas import Cause, ToolApplied, ToolIntent, ToolRejected
+from arbiter.streams.cores.gateway import (
     GENESIS_HASH,
     Accepted,
     ContentState,

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from contract import (
+from arbiter.schemas import (
     Cause,
     LockCancelled,
     LockCancelRequested,
@@ -27,7 +27,7 @@ from contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
-from cores.leases import LeaseBook, LeaseRules, LockEvent, decide, evolve, new_book, step
+from arbiter.streams.cores.leases import LeaseBook, LeaseRules, LockEvent, decide, evolve, new_book, step
 
 RES = "account:482"
 

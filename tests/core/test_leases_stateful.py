@@ -8,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from contract import (
+from arbiter.schemas import (
     LockCancelled,
     LockCancelRequested,
     LockDenied,
@@ -19,8 +19,8 @@ from contract import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
-from contract.reasons import Reason
-from cores.leases import LeaseRules, LockEvent, LockTick
+from arbiter.schemas.reasons import Reason
+from arbiter.streams.cores.leases import LeaseRules, LockEvent, LockTick
 
 from .test_leases import Harness
 

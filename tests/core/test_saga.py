@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract import (
+from arbiter.schemas import (
     Cause,
     Compensated,
     CompensationRequested,
@@ -23,7 +23,7 @@ from contract import (
     ToolIntent,
     ToolRejected,
 )
-from cores.saga import (
+from arbiter.streams.cores.saga import (
     COMPENSATED,
     COMPENSATION_FAILED,
     COMPLETED,
@@ -206,7 +206,7 @@ def test_a_compensation_that_cannot_succeed_ends_the_saga_at_once_for_a_human() 
 
 
 def test_a_lease_the_configuration_refuses_ends_the_saga_instead_of_looping() -> None:
-    from contract import LockDenied
+    from arbiter.schemas import LockDenied
 
     r = Runner()
     r.step(0)

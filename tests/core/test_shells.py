@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from arbiter.audit.replay import Engine
-from contract import MODELS, Cause, ContractError, LockRequested, Ping, Record, SagaStep, WaitEdgeAdded
-from contract.codec import SCHEMA_DIR
-from contract.settings import Settings
-from cores.gateway import ToolOutcome
-from shells.saga import saga_key_problem
+from arbiter.edge.settings import Settings
+from arbiter.schemas import MODELS, Cause, ContractError, LockRequested, Ping, Record, SagaStep, WaitEdgeAdded
+from arbiter.schemas.codec import SCHEMA_DIR
+from arbiter.streams.cores.gateway import ToolOutcome
+from arbiter.streams.shells.saga import saga_key_problem
 
 from ..avro_strategies import for_record
 

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from contract import (
+from arbiter.edge.keys import key_file, read_private_key, write_private_key
+from arbiter.schemas import (
     CompensationRequested,
     IdentityRegistered,
     LockReleaseRequested,
@@ -20,7 +21,7 @@ from contract import (
     WaitEdgeAdded,
     default_codec,
 )
-from contract.identity import (
+from arbiter.schemas.identity import (
     ACTIVE,
     REVOKED,
     ROTATED,
@@ -29,14 +30,11 @@ from contract.identity import (
     Registry,
     Signer,
     Verified,
-    key_file,
-    read_private_key,
     valid_name,
-    write_private_key,
 )
-from contract.reasons import Reason
-from cores.trust import authorize
-from shells.trust import Gate
+from arbiter.schemas.reasons import Reason
+from arbiter.streams.cores.trust import authorize
+from arbiter.streams.shells.trust import Gate
 
 CODEC = default_codec()
 TOPIC = "arbiter.resource.commands"

@@ -8,8 +8,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from contract import Cause, DeadlockDetected, WaitEdgeAdded, WaitEdgeRemoved
-from cores.waitgraph import WaitGraph, detect, evolve
+from arbiter.schemas import Cause, DeadlockDetected, WaitEdgeAdded, WaitEdgeRemoved
+from arbiter.streams.cores.waitgraph import WaitGraph, detect, evolve
 
 CAUSE = Cause(topic="edges", partition=0, offset=0)
 REGISTERED = {"routing": 1_000, "refactoring": 2_000, "testing": 3_000, "documentation": 4_000}

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from arbiter.audit.log import Entry, Log, read_log, write_archive
-from contract import DeadLetter, LockTick, Pong, Record
-from contract.settings import Settings, Topics, load_settings
-from shells.pipeline import input_topics
+from arbiter.edge.settings import Settings, Topics, load_settings
+from arbiter.schemas import DeadLetter, LockTick, Pong, Record
+from arbiter.streams.shells.pipeline import input_topics
 
 HERE = Path(__file__).resolve().parent
 STORIES = {
@@ -73,12 +73,12 @@ def golden_plan(stories: Iterable[str], speed: float = SPEED) -> Any:
 async def run_live(settings: Settings, plan: Any, workers: int = 1, settle_timeout: float = 60.0) -> Log:
     """Run ``plan``'s swarm against real workers (started and stopped here) on ``settings``' topics,
     which this creates; return the run's log once the workers have decided everything in it."""
-    from agents import ArbiterClient
+    from arbiter.agents import ArbiterClient
     from arbiter.demo.swarm import SafeWorkspace, Tally, run_swarm
     from arbiter.processes import WorkerPool, wait_until_served
-    from contract.partitioning import key_for_partition
-    from runtime.topics import ensure_topics
-    from tools.ledger import Ledger
+    from arbiter.schemas.partitioning import key_for_partition
+    from arbiter.streams.runtime.topics import ensure_topics
+    from arbiter.streams.tools.ledger import Ledger
 
     await ensure_topics(settings)
     ledger = Ledger(settings.ledger_url())

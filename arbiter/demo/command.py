@@ -1,0 +1,175 @@
+"""``arbiter demo``: the command, its options, and the order of the run: broker, topics, workers, swarms, audit."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import uuid
+from contextlib import ExitStack
+from typing import Any
+
+import click
+
+from arbiter.demo.runs import (
+    RunResult,
+    audit_run,
+    print_invariants,
+    print_rogue,
+    print_safe,
+    print_side_by_side,
+    result_of,
+    run_settings,
+    safe_swarm,
+    unsafe_swarm,
+)
+from arbiter.demo.view import LiveState, Screen
+from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.kafka import LocalKafka, LocalKafkaError, broker_answers
+from arbiter.processes import DoorProcess, WorkerPool
+from arbiter.streams.runtime.topics import ensure_topics
+
+
+@click.command()
+@click.option("--workers", default=2, show_default=True, help="How many stream-processor workers to start.")
+@click.option("--speed", default=4.0, show_default=True,
+              help="Divide the agents' 3-30 s thinking time by this (4: a run of about a minute).")
+@click.option("--seed", default=7, show_default=True, help="Seed of the agents' choices and timings.")
+@click.option("--unsafe", is_flag=True, help="Also run the same swarm without Arbiter and show the corruption "
+              "side by side with the safe run.")
+@click.option("--ledger-dsn", envvar="ARBITER_LEDGER_DSN", help="Ledger database (postgresql://... or an SQLite "
+              "path). Default: a new embedded SQLite file for this run.")
+@click.option("--via-http", is_flag=True, help="Run the swarm's agents through a front door (arbiter serve, "
+              "started for the run) instead of straight to Kafka.")
+@click.pass_context
+def demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool, ledger_dsn: str | None,
+         via_http: bool) -> None:
+    """A swarm of simulated LLM agents on shared state, kept safe by Arbiter. Starts and stops what it needs."""
+    def stop(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    # A closed terminal or a kill stops the demo like Ctrl-C does: what it started stops too.
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+    try:
+        _demo(ctx, workers, speed, seed, unsafe, ledger_dsn, via_http)
+    except KeyboardInterrupt:
+        # Outside the swarm (start-up, the unsafe run, the audit): what was started is
+        # already stopped on the way out here.
+        click.echo("\ninterrupted; everything the demo started is stopped")
+        sys.exit(130)
+
+
+def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool, ledger_dsn: str | None,
+          via_http: bool = False) -> None:
+    from arbiter.console import fail, settings_of
+    from arbiter.demo.swarm import Plan
+
+    if workers < 1 or speed <= 0:
+        fail("--workers must be at least 1 and --speed above 0")
+    run = f"{seed}-{uuid.uuid4().hex[:6]}"
+    settings = run_settings(settings_of(ctx), run, ledger_dsn)
+    folder = settings.home / "demo" / run
+    html = (folder / "audit.html").resolve()
+
+    def new_plan() -> Any:
+        return Plan(seed=seed, speed=speed, run=run.replace("-", "_"))
+
+    unsafe_result: RunResult | None = None
+    if unsafe:
+        click.echo(f"run {run}: the swarm WITHOUT Arbiter first (same agents, same seed, nothing checked)")
+        tally, ledger = asyncio.run(unsafe_swarm(new_plan(), folder / "unsafe-ledger.sqlite3"))
+        unsafe_result = result_of("without Arbiter", new_plan(), tally, ledger)
+        print_invariants(unsafe_result)
+        ledger.close()
+    with ExitStack() as stack:
+        if not ctx.obj.get("bootstrap"):
+            local = LocalKafka(settings, say=lambda m: click.echo(f"  {m}"))
+            if local.pid() is None:
+                click.echo("starting the local Kafka broker...")
+                # Registered first: a Ctrl-C while the JVM starts must stop it too.
+                stack.callback(lambda: click.echo(f"kafka: {local.down()}"))
+                try:
+                    click.echo(f"  {local.up()}")
+                except LocalKafkaError as exc:
+                    fail(str(exc), exc.log_tail)
+        if not broker_answers(settings.bootstrap, options=kafka_client_options(settings)):
+            fail(f"no Kafka answers at {settings.bootstrap}")
+        click.echo(f"kafka at {settings.bootstrap}; run {run}: topics arbiter.demo.{run}.*, "
+                   f"ledger {settings.ledger_url()}")
+        asyncio.run(ensure_topics(settings))
+        pool = WorkerPool(settings)
+
+        def stop_workers() -> None:
+            if pool.workers:
+                pool.stop()
+                click.echo("workers stopped")
+
+        stack.callback(stop_workers)
+        pool.start(workers)  # each worker registers its key in this run's registry (ensure_identity)
+        plan = new_plan()
+        click.echo(f"started {workers} worker(s); the swarm: {plan.triage_agents} triage agents on "
+                   f"{plan.customers} customers, {plan.slow_agents} slow agents and their backups, a delegation "
+                   f"ring of 4, {plan.drafters} drafters on one document (seed {seed}, speed x{speed:g})")
+        door_url: str | None = None
+        if via_http:
+            door = DoorProcess(settings, log_dir=folder)
+
+            def stop_door() -> None:
+                door.stop()
+                click.echo("front door stopped")
+
+            stack.callback(stop_door)
+            try:
+                door_url = door.start().url
+            except RuntimeError as exc:
+                fail(f"the front door did not start: {exc}")
+            click.echo(f"front door on {door_url}: the swarm's agents go through it (log {door.log})")
+        live, screen = LiveState(), Screen()
+        interrupted = False
+        try:
+            tally, ledger, rogue = asyncio.run(safe_swarm(settings, plan, pool, live, screen, door_url))
+        except KeyboardInterrupt:
+            interrupted = True
+            click.echo("\ninterrupted: stopping the swarm; auditing the partial log")
+        except Exception as exc:  # report, then the exit stack cleans up what was started
+            fail(f"demo failed: {type(exc).__name__}: {exc}")
+        stop_workers()  # nothing more is decided: the audit reads a log at rest
+        try:
+            report = audit_run(settings, not interrupted, html)
+        except Exception as exc:
+            fail(f"could not audit the run's log: {type(exc).__name__}: {exc}")
+        # The rogue's forged decisions are in the log for good: the audit must name each of them under
+        # `authenticated` (and nothing else may be found). Any other finding fails the run.
+        expected = set() if interrupted else rogue.forged_positions()
+        named = {w for f in report["findings"] if f["check"] == "authenticated" for w in f["where"]}
+        rogue_findings = [f for f in report["findings"]
+                          if f["check"] == "authenticated" and set(f["where"]) <= expected]
+        others = [f for f in report["findings"] if f not in rogue_findings]
+        verdict = not others and expected <= named
+        if not interrupted:
+            safe = result_of("with Arbiter", plan, tally, ledger, live)
+            ledger.close()
+            print_safe(safe)
+            print_invariants(safe)
+            print_rogue(rogue)
+            if unsafe_result is not None:
+                print_side_by_side(unsafe_result, safe)
+        stats = report["stats"]
+        click.secho(f"audit of the run's log ({report['messages']} messages, {stats.get('decisions', 0)} decisions "
+                    f"re-derived): " + ("PASS, no safety rule broken" if verdict else "FAIL")
+                    + ("" if report["complete"] else " (partial log)"), fg="green" if verdict else "red")
+        if rogue_findings:
+            click.echo(f"  the audit names the rogue's {len(expected)} forged inbox message(s) under authenticated, "
+                       f"as it must: {', '.join(sorted(expected))}")
+        if not expected <= named:
+            click.secho(f"  the audit missed forged messages at {', '.join(sorted(expected - named))}", fg="red")
+        for finding in others[:10]:
+            click.echo(f"  {finding['severity']}: [{finding['check']}] {finding['message']} "
+                       f"at {', '.join(finding['where'])}")
+        click.echo(f"audit report: {html}")
+        click.echo(f"log archive: {html.with_name('log.jsonl')} (arbiter audit --log ... to audit it again)")
+    if interrupted:
+        sys.exit(130)
+    if not verdict or not rogue.ok:
+        sys.exit(1)

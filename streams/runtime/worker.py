@@ -1,0 +1,743 @@
+"""The worker: the processors on an aiokafka consumer group, one fetched batch at a time.
+
+Theory of operation
+-------------------
+One consumer, in the ``app_id`` group, reads the three input topics (resource commands,
+wait edges, saga commands). ``getmany`` hands back whatever has arrived (a batch is never
+waited for), and each batch goes through four steps under one lock:
+
+1. **Decide.** Every record, partition by partition in log order, through the one path
+   every input takes (``arbiter.streams.shells.pipeline``): decode, the trust gate, the
+   partition its key hashes to, the topic's shell over per-input views of the tables, the
+   encoding of its outputs. A refused input is answered and dead-lettered; one that raises anywhere is
+   quarantined (nothing it caused is kept) and dead-lettered ``processor_failed``.
+2. **Produce** every output of the batch, signed, in decision order.
+3. **Write the changelog**: one record per table key the batch changed (its last value,
+   or a tombstone), to the changelog partition of the input partition that changed it.
+4. **Commit** the batch's offsets, only once 2 and 3 are acknowledged (``acks=all``).
+
+Under ``exactly_once`` steps 2-4 are one Kafka transaction per input partition, through a
+producer whose ``transactional_id`` names that partition, so the worker that takes a
+partition over fences the one that had it (``init_transactions``) before it reads the
+partition's changelog. Under ``at_least_once`` a crash between 2 and 4 redelivers the
+batch, and the decisions are idempotent (request and intent ids are remembered; time is
+the broker's append time, the same on every delivery).
+
+State: each table lives in memory for the partitions this worker owns (``ChangelogTable``),
+and is rebuilt from its compacted changelog topic when a partition is assigned
+(``on_partitions_assigned``, before any of its inputs is decided). A partition this worker
+kept across a rebalance, whose committed offset nobody else moved, keeps its state.
+
+A failure to produce or commit (a broker gone, a fenced producer) rewinds the batch's
+partitions: their state is rebuilt from the changelog and their positions go back to the
+last committed offset, then the loop carries on. Nothing restarts the process.
+
+Time: a task sends one ``LockTick`` per owned resource partition every ``tick_interval_ms``,
+outside any transaction (its own producer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from collections.abc import Iterator, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
+from aiokafka.errors import KafkaError
+from aiokafka.structs import ConsumerRecord
+
+from arbiter.edge.clock import now_ms
+from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.keys import anchors_for, signer_for
+from arbiter.edge.registryfeed import RegistryFeed
+from arbiter.edge.settings import Settings
+from arbiter.schemas import ContractError, LockTick, Record, WorkerStarted, default_codec
+from arbiter.schemas.identity import ACTIVE, ROLE_WORKER, Registry
+from arbiter.schemas.partitioning import partition_for
+from arbiter.schemas.reasons import Reason
+from arbiter.streams.runtime.common import TABLES, TableSpec, default_tools, failpoint, worker_id
+from arbiter.streams.runtime.topics import ensure_changelogs, ensure_topics, group_session_bounds
+from arbiter.streams.shells import Rules, ToolRunner
+from arbiter.streams.shells.pipeline import TICK_KEY, Pipeline, RawInput, input_topics, processor_of
+from arbiter.streams.shells.trust import Gate, LiveTrust
+
+log = logging.getLogger("arbiter.worker")
+
+Output = tuple[str, bytes, bytes]
+"""(topic, key, encoded value): one record to produce."""
+REPORT_S = 10.0
+BATCH_BYTES = 1024 * 1024
+"""Most bytes per produced batch (per partition); a bigger output goes in a batch of its own."""
+
+
+class ChangelogTable(MutableMapping[bytes, Any]):
+    """One table's values for the partitions this worker owns, and the keys a batch changed.
+
+    Writes land in the partition ``partition`` names (the runtime sets it to the input's);
+    ``changes`` lists each changed (partition, key) once, for the changelog.
+    """
+
+    def __init__(self, spec: TableSpec, topic: str) -> None:
+        self.spec = spec
+        self.topic = topic
+        self.data: dict[bytes, Any] = {}
+        self.home: dict[bytes, int] = {}
+        self.partition = -1
+        self.changes: dict[tuple[int, bytes], None] = {}
+
+    def __getitem__(self, key: bytes) -> Any:
+        return self.data[key]
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        self.data[key] = value
+        self.home[key] = self.partition
+        self.changes[(self.partition, key)] = None
+
+    def __delitem__(self, key: bytes) -> None:
+        del self.data[key]
+        self.home.pop(key, None)
+        self.changes[(self.partition, key)] = None
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(list(self.data))
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def load(self, partition: int, key: bytes | None, value: bytes | None) -> None:
+        """Apply one changelog record (restoring a partition)."""
+        if key is None:
+            return
+        if value is None:
+            self.data.pop(key, None)
+            self.home.pop(key, None)
+        else:
+            self.data[key] = self.spec.loads(value)
+            self.home[key] = partition
+
+    def drop(self, partitions: set[int]) -> None:
+        """Forget every key of ``partitions`` (no longer owned, or about to be restored)."""
+        for key in [k for k, p in self.home.items() if p in partitions]:
+            del self.data[key]
+            del self.home[key]
+        self.changes = {c: None for c in self.changes if c[0] not in partitions}
+
+    def take_changes(self, partitions: set[int] | None = None) -> list[tuple[int, bytes, bytes | None]]:
+        """The changelog records for what changed (in ``partitions``, or all), forgetting them."""
+        out = []
+        for partition, key in list(self.changes):
+            if partitions is not None and partition not in partitions:
+                continue
+            del self.changes[(partition, key)]
+            value = self.data.get(key) if self.home.get(key) == partition else None
+            out.append((partition, key, None if value is None else self.spec.dumps(value)))
+        return out
+
+
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    async def on_partitions_revoked(self, revoked: Any) -> None:
+        await self.worker.revoked(set(revoked))
+
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        try:
+            await self.worker.assigned(set(assigned))
+        except Exception:
+            # aiokafka would log this and carry on with partitions whose state is missing: stop instead.
+            log.exception("taking over %s failed; stopping this worker", _names(set(assigned)))
+            self.worker.exit_code = 1
+            self.worker.stop()
+
+
+class Worker:
+    """One worker process: the three processors, their tables, the clock, the trust gate."""
+
+    def __init__(self, settings: Settings, tools: ToolRunner | None = None) -> None:
+        self.settings = settings
+        self.me = worker_id(settings)
+        self.codec = default_codec(settings.max_message_bytes)
+        self.kafka = kafka_client_options(settings)
+        self.rules = Rules.from_settings(settings)
+        self.exactly_once = settings.processing_guarantee == "exactly_once"
+        self.signer = signer_for(settings.home, settings.identity or ROLE_WORKER, settings.identity_key)
+        self.registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
+        self.gate = Gate(self.registry, enabled=settings.verify_signatures)
+        self.feed = RegistryFeed(self.registry, settings)
+        self.tables = {name: ChangelogTable(spec, spec.changelog(settings.app_id)) for name, spec in TABLES.items()}
+        processors = processor_of(settings.topics)
+        self.inputs = input_topics(settings.topics)
+        self.tables_of = {topic: [t for t in self.tables.values() if t.spec.processor == processors[topic]]
+                          for topic in self.inputs}
+        """Each input topic's tables (their changelog partitions follow the input's)."""
+        self.generation = 0
+        self.owned: set[TopicPartition] = set()
+        self.next: dict[TopicPartition, int] = {}
+        """Per owned partition, the offset after the last input decided and committed."""
+        self.decided_to: dict[TopicPartition, int] = {}
+        """Per owned partition, the offset after the last input decided (committed or in flight)."""
+        self._inflight: asyncio.Task[None] | None = None
+        self.lock = asyncio.Lock()
+        self.stopping = asyncio.Event()
+        self.exit_code = 0
+        self.consumer: AIOKafkaConsumer | None = None
+        self.producer: AIOKafkaProducer | None = None
+        """Outputs under at_least_once; ticks and announcements always (never in a transaction)."""
+        self.transactional: dict[TopicPartition, AIOKafkaProducer] = {}
+        self.restorer: AIOKafkaConsumer | None = None
+        self.pipeline = Pipeline(
+            self.rules, settings.topics, settings.partitions, self.tables, tools or default_tools(settings),
+            self.codec, trust=LiveTrust(self.gate, lambda: self.feed.catch_up(timeout=5.0), now_ms)
+            if settings.verify_signatures else None,
+            worker_id=self.me, generation=lambda: self.generation, after_tool=failpoint(settings),
+            on_detection=lambda d: log.warning("deadlock %s: victim %s, cycle %s", d.detection_id, d.victim,
+                                               " -> ".join(d.cycle)), clock=now_ms)
+        self.decided = 0
+        self.stats = _Stats()
+        self._retries: set[asyncio.Task[None]] = set()
+
+    # -- wiring -----------------------------------------------------------------------
+
+    def _producer(self, transactional_id: str | None = None) -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=self.settings.bootstrap, acks="all", enable_idempotence=True,
+            linger_ms=self.settings.producer_linger_ms, max_request_size=2 * self.settings.max_message_bytes,
+            max_batch_size=max(BATCH_BYTES, 2 * self.settings.max_message_bytes),
+            transactional_id=transactional_id, **self.kafka)
+
+    # -- lifecycle --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run until SIGTERM/SIGINT (or ``stop``); leave the group on the way out."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stopping.set)
+        settings = self.settings
+        if not settings.verify_signatures:
+            log.warning("SIGNATURE VERIFICATION IS OFF (ARBITER_VERIFY_SIGNATURES=false): any client with topic "
+                        "access can act as any agent. Development only.")
+        await ensure_topics(settings)
+        await ensure_changelogs(settings, [t.topic for t in self.tables.values()])
+        await self.feed.start()
+        mine = self.registry.entries.get(self.signer.key_id)
+        if settings.verify_signatures and (mine is None or mine.role != ROLE_WORKER or mine.status != ACTIVE):
+            log.error("this worker's key %s (%s) is not registered as an active worker identity; run "
+                      "'arbiter agents add %s --role worker'", self.signer.key_id[:16], self.signer.name,
+                      self.signer.name)
+        self.producer = self._producer()
+        await self.producer.start()
+        self.restorer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
+                                         enable_auto_commit=False, isolation_level="read_committed",
+                                         fetch_max_wait_ms=settings.fetch_max_wait_ms, **self.kafka)
+        await self.restorer.start()
+        # The rules this worker decides by go into the log, so audit and replay use them.
+        await self._send_now(settings.topics.workers, self.me.encode(), WorkerStarted(
+            worker_id=self.me, rules_json=self.rules.to_json(), processing_guarantee=settings.processing_guarantee,
+            partitions=settings.partitions, started_at_ms=now_ms()))
+        session, heartbeat = await self._session_timeouts()
+        self.consumer = AIOKafkaConsumer(
+            bootstrap_servers=settings.bootstrap, group_id=settings.app_id, enable_auto_commit=False,
+            auto_offset_reset="earliest", isolation_level="read_committed",
+            fetch_max_wait_ms=settings.fetch_max_wait_ms,
+            session_timeout_ms=round(session * 1000),
+            heartbeat_interval_ms=round(heartbeat * 1000),
+            # How long a rebalance waits for the living members to rejoin. aiokafka defaults it to the
+            # session timeout: with a short one, a member still settling its last batch was dropped,
+            # rejoined, and set off the next rebalance (a storm). A dead member is already gone by
+            # then (its session expired), so a longer wait costs a failover nothing.
+            rebalance_timeout_ms=max(30_000, round(3 * session * 1000)),
+            max_partition_fetch_bytes=2 * settings.max_message_bytes, **self.kafka)
+        self.consumer.subscribe(sorted(self.inputs), listener=_Listener(self))
+        await self.consumer.start()
+        ticker = asyncio.create_task(self._tick_forever(), name="arbiter-ticks")
+        log.info("worker %s started: %s, signatures %s", self.me, settings.processing_guarantee,
+                 "verified" if settings.verify_signatures else "NOT verified")
+        try:
+            await self._consume()
+        finally:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+            await self._close()
+
+    async def _session_timeouts(self) -> tuple[float, float]:
+        """The session timeout (how long after a crash the group moves a worker's partitions: the
+        failover time's largest part) and heartbeat interval to use: the configured ones, brought
+        within what the brokers accept (a broker refuses a group member outside its bounds)."""
+        session = self.settings.session_timeout
+        bounds = await group_session_bounds(self.settings)
+        if bounds is not None and not bounds[0] <= session <= bounds[1]:
+            wanted, session = session, min(max(session, bounds[0]), bounds[1])
+            log.warning("the brokers accept session timeouts of %g to %g s (group.min/max.session.timeout.ms), "
+                        "not ARBITER_SESSION_TIMEOUT=%g: using %g s, so a killed worker's partitions move after "
+                        "that long. Lower group.min.session.timeout.ms for fast failover ('arbiter kafka up' does).",
+                        bounds[0], bounds[1], wanted, session)
+        return session, min(self.settings.heartbeat_interval, session / 3)
+
+    def stop(self) -> None:
+        """Ask the worker to finish its batch and leave."""
+        self.stopping.set()
+
+    async def _close(self) -> None:
+        async with self.lock:
+            try:
+                await self._settled()
+            except KafkaError as exc:
+                log.error("the last batch was not committed (it is decided again by the next owner): %s", exc)
+            if self.consumer is not None:
+                await self.consumer.stop()  # leaves the group: the partitions move at once
+            for producer in [*self.transactional.values(), self.producer]:
+                if producer is not None:
+                    await producer.stop()
+            self.transactional.clear()
+            if self.restorer is not None:
+                await self.restorer.stop()
+            await self.feed.stop()
+        log.info("worker %s stopped after %d decisions", self.me, self.decided)
+
+    async def _consume(self) -> None:
+        assert self.consumer is not None
+        stop = asyncio.create_task(self.stopping.wait())
+        try:
+            while not self.stopping.is_set():
+                fetch = asyncio.create_task(self.consumer.getmany(timeout_ms=1000,
+                                                                  max_records=self.settings.max_batch))
+                await asyncio.wait([fetch, stop], return_when=asyncio.FIRST_COMPLETED)
+                if not fetch.done():
+                    fetch.cancel()
+                    await asyncio.gather(fetch, return_exceptions=True)
+                    break
+                batch = fetch.result()
+                if batch:
+                    await self._batch(batch)
+        finally:
+            stop.cancel()
+
+    # -- one batch --------------------------------------------------------------------
+
+    async def _batch(self, batch: dict[TopicPartition, list[ConsumerRecord]]) -> None:
+        async with self.lock:
+            parts = self._decidable(batch)
+            if not parts:
+                return
+            if self.exactly_once:
+                for tp, records in parts:
+                    await self._transaction(tp, records)
+                return
+            outputs: list[Output] = []
+            t0 = time.perf_counter()
+            for tp, records in parts:
+                for record in records:
+                    outputs.extend(await self._decide(record))
+                self.decided_to[tp] = records[-1].offset + 1
+            tps = {tp for tp, _records in parts}
+            offsets = {tp: records[-1].offset + 1 for tp, records in parts}
+            deciding = time.perf_counter() - t0
+            try:
+                # Decided while the previous batch was on its way; its outputs and offsets must be
+                # settled before this one's go out (a failure there rewinds both).
+                await self._settled()
+                assert self.producer is not None
+                sent = await self._produce(self.producer, outputs, tps)
+            except KafkaError as exc:
+                await self._failed(exc, tps)
+                return
+            self._inflight = asyncio.get_running_loop().create_task(
+                self._settle(sent, offsets, sum(len(r) for _t, r in parts), len(outputs), deciding))
+            self._inflight.add_done_callback(self._settle_done)
+
+    def _settle_done(self, settling: asyncio.Task[None]) -> None:
+        """A batch in flight that fails while no other batch comes is rewound at once, not when the next one does."""
+        if settling.cancelled() or settling.exception() is None:
+            return
+
+        async def recover() -> None:
+            async with self.lock:
+                if self._inflight is settling:
+                    await self._failed(cast(BaseException, settling.exception()), set())
+
+        retry = asyncio.get_running_loop().create_task(recover())
+        self._retries.add(retry)
+        retry.add_done_callback(self._retries.discard)
+
+    async def _settle(self, sent: list[asyncio.Future[Any]], offsets: dict[TopicPartition, int], inputs: int,
+                      outputs: int, deciding: float) -> None:
+        """Wait for a batch's outputs and changelog to be acknowledged, then commit its offsets. It runs
+        while the next batch is decided: at most one batch is in flight."""
+        assert self.consumer is not None
+        t0 = time.perf_counter()
+        if sent:
+            await asyncio.gather(*sent)
+        t1 = time.perf_counter()
+        await self.consumer.commit(offsets)
+        self.next.update(offsets)
+        self.stats.add(inputs, outputs, deciding, t1 - t0, time.perf_counter() - t1)
+
+    async def _settled(self) -> None:
+        """Wait for the batch in flight, if any; a ``KafkaError`` if it could not be written or committed."""
+        inflight, self._inflight = self._inflight, None
+        if inflight is not None:
+            await inflight
+
+    async def _failed(self, exc: BaseException, tps: set[TopicPartition]) -> None:
+        """A batch could not be written or committed: every partition with decisions not committed
+        (this batch's, and the one in flight before it) goes back to its last commit."""
+        with contextlib.suppress(KafkaError):
+            await self._settled()
+        dirty = tps | set(self.owned)
+        for tp in dirty:
+            # Their state in memory may be ahead of their changelog: never kept across a rebalance.
+            self.next.pop(tp, None)
+        rewind = dirty & (self.consumer.assignment() if self.consumer else set())
+        log.error("could not write or commit a batch (%s); rewinding %s to the last commit", exc, _names(rewind))
+        await self._rewind(rewind)
+
+    def _decidable(self, batch: dict[TopicPartition, list[ConsumerRecord]]
+                   ) -> list[tuple[TopicPartition, list[ConsumerRecord]]]:
+        """The records of ``batch`` to decide now, per partition in order.
+
+        aiokafka makes a new assignment active before it calls ``on_partitions_assigned``, so a
+        batch can hold records of a partition whose state is not restored yet: its position goes
+        back to its first record, to be fetched again once it is. A partition no longer assigned
+        is left to its new owner (which starts at the last commit). Records before the next offset
+        expected (fetched again after a rebalance that kept the partition here) were decided already.
+        """
+        assert self.consumer is not None
+        assigned = self.consumer.assignment()
+        parts = []
+        for tp in sorted(batch):
+            records = batch[tp]
+            if not records or tp not in assigned:
+                continue
+            if tp not in self.owned:
+                self.consumer.seek(tp, records[0].offset)
+                continue
+            expected = self.decided_to.get(tp, -1)
+            records = [r for r in records if r.offset >= expected]
+            if records:
+                parts.append((tp, records))
+        return parts
+
+    async def _transaction(self, tp: TopicPartition, records: list[ConsumerRecord]) -> None:
+        producer = self.transactional[tp]
+        outputs: list[Output] = []
+        t0 = time.perf_counter()
+        for record in records:
+            outputs.extend(await self._decide(record))
+        offset = records[-1].offset + 1
+        try:
+            t1 = time.perf_counter()
+            await producer.begin_transaction()
+            sent = await self._produce(producer, outputs, {tp})
+            if sent:
+                await asyncio.gather(*sent)
+            t2 = time.perf_counter()
+            await producer.send_offsets_to_transaction({tp: offset}, self.settings.app_id)
+            await producer.commit_transaction()
+            self.stats.add(len(records), len(outputs), t1 - t0, t2 - t1, time.perf_counter() - t2)
+        except KafkaError as exc:
+            log.error("the transaction for %s failed (%s); rewinding it to the last commit", _names({tp}), exc)
+            with contextlib.suppress(KafkaError):
+                await producer.abort_transaction()
+            await self._rewind({tp})
+            return
+        self.next[tp] = self.decided_to[tp] = offset
+
+    async def _produce(self, producer: AIOKafkaProducer, outputs: list[Output],
+                       tps: set[TopicPartition]) -> list[asyncio.Future[Any]]:
+        """Queue the decisions, then the changelog of the state they leave; the futures of their
+        acknowledgements.
+
+        Records are packed into one batch per partition (``BatchBuilder``), not sent one by one:
+        aiokafka's per-message ``send`` costs more than a decision, and ships tiny requests."""
+        batches = _Batches(producer)
+        partitions = self.settings.partitions
+        # One signature per group of outputs (a Merkle root), not one per output: see Signer.sign_batch.
+        for (topic, key, value), headers in zip(outputs, self.signer.sign_batch(outputs, now_ms()), strict=True):
+            batches.add(topic, partition_for(key, partitions), key, value, headers)
+        for tp in tps:
+            for table in self.tables_of[tp.topic]:
+                for partition, row, state in table.take_changes({tp.partition}):
+                    batches.add(table.topic, partition, row, state, [])
+        return await batches.send()
+
+    async def _decide(self, message: ConsumerRecord) -> list[Output]:
+        """Decide one input; its outputs (answers, events, dead letters), in order."""
+        self.decided += 1
+        # The broker's append time: the same on every redelivery (see arbiter.streams.cores.leases).
+        at_ms = message.timestamp if message.timestamp and message.timestamp > 0 else now_ms()
+        raw = RawInput(message.topic, message.partition, message.offset, message.key, bytes(message.value or b""),
+                       tuple(message.headers or ()), at_ms)
+        for table in self.tables.values():
+            table.partition = message.partition  # the input's writes go to its changelog partition
+        outcome = await self.pipeline.process(raw)
+        return [(topic, key, value) for topic, key, _record, value in outcome.outputs]
+
+    async def _send_now(self, topic: str, key: bytes, record: Record) -> None:
+        assert self.producer is not None
+        value = self.codec.encode(record)
+        await self.producer.send_and_wait(topic, value, key=key, headers=self.signer.sign(topic, key, value, now_ms()))
+
+    # -- rebalances -------------------------------------------------------------------
+
+    async def revoked(self, revoked: set[TopicPartition]) -> None:
+        """Called before a rebalance: the batch in flight finishes (and commits) first."""
+        async with self.lock:
+            try:
+                await self._settled()
+            except KafkaError as exc:  # the next owner starts at the last commit, and decides the rest
+                log.error("the last batch before the rebalance was not committed: %s", exc)
+            log.info("rebalance: %d partitions revoked", len(revoked))
+
+    async def assigned(self, assigned: set[TopicPartition]) -> None:
+        """Called after a rebalance, before any input of the new assignment is decided: restore
+        the state of every partition this worker did not hold, from its changelog."""
+        assert self.consumer is not None
+        async with self.lock:
+            with contextlib.suppress(KafkaError):
+                await self._settled()  # (revoked did it, unless this worker's first assignment)
+            started = time.monotonic()
+            self.generation += 1
+            gone = self.owned - assigned
+            self._forget(gone)
+            for tp in gone:
+                self.next.pop(tp, None)
+                self.decided_to.pop(tp, None)
+            for tp in gone:
+                producer = self.transactional.pop(tp, None)
+                if producer is not None:
+                    await producer.stop()
+            restore = set()
+            for tp in assigned:
+                committed = await self.consumer.committed(tp)
+                if tp in self.owned and committed == self.next.get(tp):
+                    continue  # held throughout, and nobody else committed anything on it: its state stands
+                restore.add(tp)
+                self.next[tp] = self.decided_to[tp] = -1 if committed is None else committed
+            if self.exactly_once:
+                await self._fence(restore)
+            try:
+                restored = await self._restore(restore)
+            except KafkaError as exc:
+                log.error("restoring %s failed (%s); trying again in 1 s", _names(restore), exc)
+                self.owned = set(assigned) - restore
+                retry = asyncio.get_running_loop().create_task(self._rewind_later(restore))
+                self._retries.add(retry)
+                retry.add_done_callback(self._retries.discard)
+                return
+            self.owned = set(assigned)
+            log.info("Ready: %d partitions (%d restored from %d changelog records) in %.0f ms: %s",
+                     len(assigned), len(restore), restored, (time.monotonic() - started) * 1000,
+                     _names(assigned))
+
+    async def _fence(self, tps: set[TopicPartition]) -> None:
+        """A fresh transactional producer for each of ``tps`` (exactly_once). Its ``init_transactions``
+        fences the partition's previous producer, here or in another worker, and ends its open
+        transaction, before this worker reads the partition's changelog."""
+        for tp in sorted(tps):
+            old = self.transactional.pop(tp, None)
+            if old is not None:
+                await old.stop()
+            producer = self._producer(f"{self.settings.app_id}-{tp.topic}-{tp.partition}")
+            await producer.start()
+            self.transactional[tp] = producer
+
+    def _forget(self, tps: set[TopicPartition]) -> None:
+        for tp in tps:
+            for table in self.tables_of.get(tp.topic, ()):
+                table.drop({tp.partition})
+
+    async def _restore(self, tps: set[TopicPartition]) -> int:
+        """Rebuild the tables of ``tps`` from their changelogs; the number of records read."""
+        assert self.restorer is not None
+        self._forget(tps)
+        where: dict[TopicPartition, ChangelogTable] = {}
+        for tp in tps:
+            for table in self.tables_of[tp.topic]:
+                where[TopicPartition(table.topic, tp.partition)] = table
+        if not where:
+            return 0
+        restorer = self.restorer
+        restorer.assign(sorted(where))
+        await restorer.seek_to_beginning(*where)
+        ends = await restorer.end_offsets(list(where))
+        remaining = {ctp for ctp in where if ends[ctp] > await restorer.position(ctp)}
+        count = 0
+        last_report = time.monotonic()
+        # Only a key's last record counts: keep the raw bytes and decode each key once at the end
+        # (a changelog not yet compacted holds every change of every key).
+        latest: dict[tuple[TopicPartition, bytes], bytes | None] = {}
+        while remaining:
+            batch = await restorer.getmany(*remaining, timeout_ms=500, max_records=10_000)
+            for ctp, records in batch.items():
+                for record in records:
+                    if record.key is not None:
+                        latest[(ctp, record.key)] = record.value
+                count += len(records)
+            for ctp in list(remaining):
+                if await restorer.position(ctp) >= ends[ctp]:
+                    remaining.discard(ctp)
+            if time.monotonic() - last_report > 5:
+                last_report = time.monotonic()
+                log.info("restoring state: %d changelog records read, %d partitions to go", count, len(remaining))
+        for n, ((ctp, key), value) in enumerate(latest.items()):
+            where[ctp].load(ctp.partition, key, value)
+            if n % 500 == 499:
+                await asyncio.sleep(0)  # a long restore must not starve the heartbeat (a 1.2 s session)
+        # Paused, not unassigned: an idle assignment would be fetched from forever, and assign([])
+        # makes aiokafka ask the broker for the metadata of every topic.
+        restorer.pause(*where)
+        return count
+
+    async def _rewind(self, tps: set[TopicPartition]) -> bool:
+        """After a failed write or commit: state from the changelog, positions from the last commit.
+        When that fails too (the broker is still away), the partitions wait, undecided, and it is
+        tried again a second later; False then."""
+        assert self.consumer is not None
+        for tp in tps:
+            self.next.pop(tp, None)  # (until restored: a rebalance meanwhile restores it instead of keeping it)
+        try:
+            if self.exactly_once:
+                await self._fence(tps)
+            await self._restore(tps)
+            for tp in tps:
+                committed = await self.consumer.committed(tp)
+                self.next[tp] = self.decided_to[tp] = -1 if committed is None else committed
+                if committed is None:
+                    await self.consumer.seek_to_beginning(tp)
+                else:
+                    self.consumer.seek(tp, committed)
+            return True
+        except KafkaError as exc:
+            log.error("rewinding %s failed too (%s); trying again in 1 s", _names(tps), exc)
+            self.owned -= tps  # their records are fetched again, and wait, until this succeeds
+            self.generation += 1
+            retry = asyncio.get_running_loop().create_task(self._rewind_later(tps))
+            self._retries.add(retry)
+            retry.add_done_callback(self._retries.discard)
+            return False
+
+    async def _rewind_later(self, tps: set[TopicPartition]) -> None:
+        await asyncio.sleep(1.0)
+        async with self.lock:
+            assert self.consumer is not None
+            tps = tps & self.consumer.assignment()  # a rebalance since may have moved (and restored) them
+            tps -= self.owned
+            if tps and await self._rewind(tps):
+                self.owned |= tps
+
+    # -- the clock --------------------------------------------------------------------
+
+    async def _tick_forever(self) -> None:
+        """One tick per owned resource partition, every ``tick_interval_ms``: expiry goes through the log."""
+        settings = self.settings
+        topic = settings.topics.resource_commands
+        interval = settings.tick_interval_ms / 1000.0
+        count = 0
+        reported = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            if time.monotonic() - reported >= REPORT_S:
+                reported = time.monotonic()
+                self.stats.report()
+                self.stats = _Stats()
+            owned = sorted(tp.partition for tp in self.owned if tp.topic == topic)
+            producer = self.producer
+            if producer is None:
+                continue
+            for partition in owned:
+                count += 1
+                tick = LockTick(tick_id=f"{self.me}:{partition}:{count}", partition=partition, sent_at_ms=now_ms())
+                value = self.codec.encode(tick)
+                try:
+                    sent = await producer.send(topic, value, key=TICK_KEY, partition=partition,
+                                               headers=self.signer.sign(topic, TICK_KEY, value, now_ms()))
+                except KafkaError as exc:
+                    log.warning("tick for %s[%d] not sent: %s", topic, partition, exc)
+                    continue
+                sent.add_done_callback(_log_tick_failure)
+
+
+@dataclass
+class _Stats:
+    """What the worker did since the last report (logged every ``REPORT_S`` at info level)."""
+
+    batches: int = 0
+    inputs: int = 0
+    outputs: int = 0
+    deciding: float = 0.0
+    producing: float = 0.0
+    committing: float = 0.0
+    since: float = field(default_factory=time.monotonic)
+
+    def add(self, inputs: int, outputs: int, deciding: float, producing: float, committing: float) -> None:
+        self.batches += 1
+        self.inputs += inputs
+        self.outputs += outputs
+        self.deciding += deciding
+        self.producing += producing
+        self.committing += committing
+
+    def report(self) -> None:
+        """Log it (the caller starts a new one)."""
+        if self.batches:
+            elapsed = time.monotonic() - self.since
+            log.info("%d inputs in %d batches (%.1f a batch) in %.0f s: %.0f inputs/s, %d outputs; "
+                     "deciding %.0f%%, producing %.0f%%, committing %.0f%% of the time", self.inputs, self.batches,
+                     self.inputs / self.batches, elapsed, self.inputs / elapsed, self.outputs,
+                     100 * self.deciding / elapsed, 100 * self.producing / elapsed, 100 * self.committing / elapsed)
+
+
+class _Batches:
+    """Records packed per partition, in order, then handed to the producer a batch at a time."""
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self.producer = producer
+        self.open: dict[tuple[str, int], Any] = {}
+        self.full: list[tuple[str, int, Any]] = []
+
+    def add(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+            headers: list[tuple[str, bytes]]) -> None:
+        """Append one record to its partition's batch (a new batch when that one is full)."""
+        where = (topic, partition)
+        builder = self.open.get(where)
+        if builder is None or builder.append(timestamp=None, key=key, value=value, headers=headers) is None:
+            if builder is not None:
+                self.full.append((topic, partition, builder))
+            builder = self.open[where] = self.producer.create_batch()
+            if builder.append(timestamp=None, key=key, value=value, headers=headers) is None:
+                raise ContractError(Reason.TOO_LARGE, f"a record of {len(value or b'')} bytes does not fit a batch")
+
+    async def send(self) -> list[asyncio.Future[Any]]:
+        """Queue every batch, in the order filled; the futures of their acknowledgements."""
+        self.full.extend((topic, partition, builder) for (topic, partition), builder in self.open.items())
+        self.open.clear()
+        sent = [await self.producer.send_batch(builder, topic, partition=partition)
+                for topic, partition, builder in self.full]
+        self.full.clear()
+        return sent
+
+
+def _log_tick_failure(sent: asyncio.Future[Any]) -> None:
+    if not sent.cancelled() and sent.exception() is not None:
+        log.warning("a tick was not written: %s", sent.exception())
+
+
+def _names(tps: set[TopicPartition]) -> str:
+    return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps)) or "nothing"
+
+
+def run_worker(settings: Settings, loglevel: str = "warning") -> None:
+    """``arbiter worker`` on the batched runtime."""
+    logging.basicConfig(level=loglevel.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLogger().level))
+    worker = Worker(settings)
+    asyncio.run(worker.run())
+    if worker.exit_code:
+        raise SystemExit(worker.exit_code)

@@ -1,0 +1,365 @@
+"""The ledger: accounts, refunds and documents in a real SQL database.
+
+SQLite (a file) is the embedded default; a ``postgresql://`` DSN selects PostgreSQL.
+Every tool runs in one database transaction that also records its intent in
+``intent_results``: a redelivered intent (say, the worker died after the tool ran
+but before its offset was committed) finds itself there and returns the recorded
+result without applying anything again. An intent is its resource and its id, the
+scope the gateway gives it too: the same id on two resources is two writes.
+
+Money is integer cents. ``CHECK (balance >= 0)`` backs the rule that no balance goes
+negative; ``invariants()`` checks it, money conservation and double refunds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar, cast
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from arbiter.streams.tools.registry import ToolCall, ToolError, ToolRegistry
+
+T = TypeVar("T")
+
+SCHEMA = [
+    """CREATE TABLE IF NOT EXISTS accounts (
+        id TEXT PRIMARY KEY,
+        balance BIGINT NOT NULL CHECK (balance >= 0))""",
+    """CREATE TABLE IF NOT EXISTS intent_results (
+        resource TEXT NOT NULL,
+        intent_id TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        result TEXT NOT NULL,
+        PRIMARY KEY (resource, intent_id))""",
+    """CREATE TABLE IF NOT EXISTS refunds (
+        intent_id TEXT NOT NULL,
+        account TEXT NOT NULL,
+        order_id TEXT NOT NULL,
+        amount BIGINT NOT NULL,
+        reversed_by TEXT,
+        PRIMARY KEY (account, intent_id))""",
+    """CREATE TABLE IF NOT EXISTS documents (
+        id TEXT PRIMARY KEY,
+        revision BIGINT NOT NULL,
+        body TEXT NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS ledger_meta (
+        key TEXT PRIMARY KEY,
+        value BIGINT NOT NULL)""",
+]
+PAYOUTS = "payouts"
+"""The account refunds are paid into; it keeps money conserved."""
+
+
+class Ledger:
+    """A connection to the ledger database. Thread-safe; async methods run in a thread."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self._lock = threading.Lock()
+        self.postgres = dsn.startswith(("postgresql://", "postgres://"))
+        if self.postgres:
+            import psycopg
+
+            self._conn: Any = psycopg.connect(dsn, autocommit=True)
+        else:
+            path = dsn.removeprefix("sqlite:///") if dsn.startswith("sqlite:///") else dsn
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30)
+        self._create_schema()
+
+    def _create_schema(self) -> None:
+        # Several workers open one SQLite file at once; switching it to WAL needs a
+        # moment alone with it, which SQLite refuses (rather than waits for) when busy.
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if not self.postgres:
+                    self._conn.execute("PRAGMA journal_mode=WAL")
+                with self.transaction() as cur:
+                    for statement in SCHEMA:
+                        cur.run(statement)
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._conn.close()
+
+    def _sql(self, statement: str) -> str:
+        return statement.replace("?", "%s") if self.postgres else statement
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """One serializable unit of work; a cursor whose ``run(sql, args)`` takes ``?`` placeholders."""
+        with self._lock:
+            cur = self._conn.cursor()
+            cur.execute("BEGIN" if self.postgres else "BEGIN IMMEDIATE")
+            try:
+                yield _Cursor(cur, self._sql)
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            else:
+                cur.execute("COMMIT")
+            finally:
+                cur.close()
+
+    async def call(self, fn: Callable[[Any], T]) -> T:
+        """Run ``fn(cursor)`` in one transaction, in a thread."""
+
+        def work() -> T:
+            with self.transaction() as cur:
+                return fn(cur)
+
+        return await asyncio.to_thread(work)
+
+    # -- setup and checks ----------------------------------------------------------
+
+    def seed(self, balances: dict[str, int]) -> None:
+        """Start over with these balances (plus an empty payouts account)."""
+        with self.transaction() as cur:
+            for table in ("accounts", "intent_results", "refunds", "documents", "ledger_meta"):
+                cur.run(f"DELETE FROM {table}")
+            for account, balance in sorted({**balances, PAYOUTS: balances.get(PAYOUTS, 0)}.items()):
+                cur.run("INSERT INTO accounts (id, balance) VALUES (?, ?)", (account, balance))
+            cur.run("INSERT INTO ledger_meta (key, value) VALUES ('total', ?)", (sum(balances.values()),))
+
+    def add_accounts(self, balances: dict[str, int]) -> None:
+        """Open new accounts with these balances, leaving every other account alone."""
+        with self.transaction() as cur:
+            cur.run("INSERT INTO accounts (id, balance) VALUES (?, 0) ON CONFLICT (id) DO NOTHING", (PAYOUTS,))
+            for account, balance in sorted(balances.items()):
+                cur.run("INSERT INTO accounts (id, balance) VALUES (?, ?)", (account, balance))
+            if not cur.run("SELECT value FROM ledger_meta WHERE key = 'total'"):
+                existing = int(cur.run("SELECT COALESCE(SUM(balance), 0) FROM accounts")[0][0])
+                cur.run("INSERT INTO ledger_meta (key, value) VALUES ('total', ?)", (existing,))
+            else:
+                cur.run("UPDATE ledger_meta SET value = value + ? WHERE key = 'total'", (sum(balances.values()),))
+
+    def balances(self) -> dict[str, int]:
+        """Every account's balance."""
+        with self.transaction() as cur:
+            return {row[0]: int(row[1]) for row in cur.run("SELECT id, balance FROM accounts ORDER BY id")}
+
+    def refunds(self) -> list[dict[str, Any]]:
+        """Every refund, in intent-id order."""
+        with self.transaction() as cur:
+            rows = cur.run("SELECT intent_id, account, order_id, amount, reversed_by FROM refunds ORDER BY intent_id")
+            return [dict(zip(("intent_id", "account", "order_id", "amount", "reversed_by"), r, strict=True))
+                    for r in rows]
+
+    def applied(self, tool: str) -> list[str]:
+        """Intent ids of every run of ``tool`` that applied (or was found applied), sorted."""
+        with self.transaction() as cur:
+            return [r[0] for r in cur.run("SELECT intent_id FROM intent_results WHERE tool = ? ORDER BY intent_id",
+                                          (tool,))]
+
+    def document(self, doc_id: str) -> tuple[int, dict[str, Any]] | None:
+        """A document's revision and body."""
+        with self.transaction() as cur:
+            rows = cur.run("SELECT revision, body FROM documents WHERE id = ?", (doc_id,))
+            return (int(rows[0][0]), json.loads(rows[0][1])) if rows else None
+
+    def invariants(self) -> dict[str, Any]:
+        """Money conserved, no negative balance, no order refunded twice."""
+        with self.transaction() as cur:
+            total = int(cur.run("SELECT COALESCE(SUM(balance), 0) FROM accounts")[0][0])
+            expected_rows = cur.run("SELECT value FROM ledger_meta WHERE key = 'total'")
+            expected = int(expected_rows[0][0]) if expected_rows else total
+            negative = [r[0] for r in cur.run("SELECT id FROM accounts WHERE balance < 0")]
+            doubles = [r[0] for r in cur.run(
+                "SELECT order_id FROM refunds WHERE reversed_by IS NULL GROUP BY order_id HAVING COUNT(*) > 1")]
+        return {"total": total, "expected_total": expected, "money_conserved": total == expected,
+                "negative_balances": negative, "double_refunds": doubles,
+                "ok": total == expected and not negative and not doubles}
+
+
+class _Cursor:
+    def __init__(self, cur: Any, sql: Callable[[str], str]) -> None:
+        self._cur = cur
+        self._sql = sql
+
+    def run(self, statement: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        self._cur.execute(self._sql(statement), args)
+        return list(self._cur.fetchall()) if self._cur.description else []
+
+    @property
+    def rowcount(self) -> int:
+        return int(self._cur.rowcount)
+
+
+def _account_of(resource: str) -> str:
+    prefix, _, account = resource.partition(":")
+    if prefix != "account" or not account:
+        raise ToolError(f"{resource!r} is not an account resource ('account:<id>')")
+    return account
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+class RefundArgs(BaseModel):
+    """Refund ``amount`` cents of ``order_id`` from the account the intent names."""
+
+    model_config = ConfigDict(extra="forbid")
+    order_id: str = Field(min_length=1, max_length=128)
+    amount: int = Field(gt=0, le=10**12)
+
+
+class ReverseRefundArgs(BaseModel):
+    """Undo the refund made by intent ``refund_intent_id``."""
+
+    model_config = ConfigDict(extra="forbid")
+    refund_intent_id: str = Field(min_length=1)
+
+
+class TransferArgs(BaseModel):
+    """Move ``amount`` cents from the intent's account to account ``to``."""
+
+    model_config = ConfigDict(extra="forbid")
+    to: str = Field(min_length=1, max_length=128)
+    amount: int = Field(gt=0, le=10**12)
+
+
+class CommitArgs(BaseModel):
+    """Apply a JSON merge patch to the document the intent names."""
+
+    model_config = ConfigDict(extra="forbid")
+    patch: dict[str, Any]
+
+
+async def _once(ledger: Ledger, call: ToolCall, tool: str,
+                effect: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """In one transaction: apply ``effect(cursor)`` unless this intent already did, and
+    record its result; a repeated intent gets the recorded result back."""
+
+    def work(cur: Any) -> dict[str, Any]:
+        done = cur.run("SELECT result FROM intent_results WHERE resource = ? AND intent_id = ?",
+                       (call.resource, call.intent_id))
+        if done:
+            recorded: dict[str, Any] = json.loads(done[0][0])
+            return recorded
+        result = effect(cur)
+        cur.run("INSERT INTO intent_results (resource, intent_id, tool, result) VALUES (?, ?, ?, ?)",
+                (call.resource, call.intent_id, tool, json.dumps(result, sort_keys=True)))
+        return result
+
+    return await ledger.call(work)
+
+
+def _move(cur: Any, source: str, target: str, amount: int) -> int:
+    cur.run("UPDATE accounts SET balance = balance - ? WHERE id = ? AND balance >= ?", (amount, source, amount))
+    if cur.rowcount != 1:
+        rows = cur.run("SELECT balance FROM accounts WHERE id = ?", (source,))
+        raise ToolError(f"account {source!r} has {rows[0][0]} cents, less than {amount}" if rows
+                        else f"no account {source!r}")
+    cur.run("UPDATE accounts SET balance = balance + ? WHERE id = ?", (amount, target))
+    if cur.rowcount != 1:
+        raise ToolError(f"no account {target!r}")
+    return int(cur.run("SELECT balance FROM accounts WHERE id = ?", (source,))[0][0])
+
+
+def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
+    """Register refund, reverse_refund, transfer and commit against ``ledger``."""
+
+    @registry.register("refund", RefundArgs, compensation="reverse_refund")
+    async def refund(call: ToolCall) -> dict[str, Any]:
+        """Pay a refund from the account into payouts."""
+        args = call.arguments
+        assert isinstance(args, RefundArgs)
+        account = _account_of(call.resource)
+
+        def apply(cur: Any) -> dict[str, Any]:
+            balance = _move(cur, account, PAYOUTS, args.amount)
+            cur.run("INSERT INTO refunds (intent_id, account, order_id, amount) VALUES (?, ?, ?, ?)",
+                    (call.intent_id, account, args.order_id, args.amount))
+            return {"account": account, "order_id": args.order_id, "amount": args.amount, "balance": balance}
+
+        return await _once(ledger, call, "refund", apply)
+
+    @registry.register("reverse_refund", ReverseRefundArgs)
+    async def reverse_refund(call: ToolCall) -> dict[str, Any]:
+        """Take a refund back from payouts (the compensation of refund)."""
+        args = call.arguments
+        assert isinstance(args, ReverseRefundArgs)
+
+        def apply(cur: Any) -> dict[str, Any]:
+            rows = cur.run("SELECT account, amount, reversed_by FROM refunds WHERE intent_id = ? AND account = ?",
+                           (args.refund_intent_id, _account_of(call.resource)))
+            if not rows:
+                return {"reversed": None, "note": "no such refund; nothing to undo"}
+            account, amount, reversed_by = rows[0]
+            if reversed_by:
+                return {"reversed": args.refund_intent_id, "note": f"already reversed by {reversed_by}"}
+            _move(cur, PAYOUTS, account, int(amount))
+            cur.run("UPDATE refunds SET reversed_by = ? WHERE intent_id = ? AND account = ?",
+                    (call.intent_id, args.refund_intent_id, account))
+            return {"reversed": args.refund_intent_id, "amount": int(amount)}
+
+        return await _once(ledger, call, "reverse_refund", apply)
+
+    @registry.register("transfer", TransferArgs, compensation="transfer")
+    async def transfer(call: ToolCall) -> dict[str, Any]:
+        """Move money between accounts (the compensation is the transfer back)."""
+        args = call.arguments
+        assert isinstance(args, TransferArgs)
+        account = _account_of(call.resource)
+
+        def apply(cur: Any) -> dict[str, Any]:
+            balance = _move(cur, account, args.to, args.amount)
+            return {"from": account, "to": args.to, "amount": args.amount, "balance": balance}
+
+        return await _once(ledger, call, "transfer", apply)
+
+    @registry.register("commit", CommitArgs)
+    async def commit(call: ToolCall) -> dict[str, Any]:
+        """Apply a JSON merge patch to a document."""
+        args = call.arguments
+        assert isinstance(args, CommitArgs)
+        doc_id = call.resource
+
+        def apply(cur: Any) -> dict[str, Any]:
+            rows = cur.run("SELECT revision, body FROM documents WHERE id = ?", (doc_id,))
+            revision, body = (int(rows[0][0]), json.loads(rows[0][1])) if rows else (0, {})
+            body = merge_patch(body, args.patch)
+            if rows:
+                cur.run("UPDATE documents SET revision = ?, body = ? WHERE id = ?",
+                        (revision + 1, json.dumps(body, sort_keys=True), doc_id))
+            else:
+                cur.run("INSERT INTO documents (id, revision, body) VALUES (?, ?, ?)",
+                        (doc_id, 1, json.dumps(body, sort_keys=True)))
+            return {"document": doc_id, "revision": revision + 1}
+
+        return await _once(ledger, call, "commit", apply)
+
+
+def ledger_tool_registry() -> ToolRegistry:
+    """The ledger's tools with their names and argument schemas, bound to no database.
+
+    For audit replay, which checks intents against the real schemas but takes each
+    run's outcome from the log. Running one of these tools fails.
+    """
+    registry = ToolRegistry()
+    register_ledger_tools(registry, cast(Ledger, None))
+    return registry

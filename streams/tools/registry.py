@@ -1,0 +1,91 @@
+"""Tools registered by name in a worker, each with an argument schema and a compensation."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from arbiter.schemas import ToolIntent
+from arbiter.streams.cores.gateway import ToolOutcome
+
+
+class ToolError(Exception):
+    """A tool's expected failure (insufficient balance, say): nothing was applied."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One accepted intent, as a tool sees it."""
+
+    intent_id: str
+    agent_id: str
+    resource: str
+    token: int | None
+    arguments: BaseModel
+
+
+ToolFn = Callable[[ToolCall], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A named side effect: what it takes, what runs it, and what undoes it."""
+
+    name: str
+    arguments: type[BaseModel]
+    run: ToolFn
+    compensation: str | None = None
+    doc: str = ""
+
+
+class ToolRegistry:
+    """The tools a worker can run."""
+
+    def __init__(self) -> None:
+        self._tools: dict[str, Tool] = {}
+
+    def register(self, name: str, arguments: type[BaseModel], *, compensation: str | None = None
+                 ) -> Callable[[ToolFn], ToolFn]:
+        """Decorator: register ``fn`` as tool ``name``."""
+        if name in self._tools:
+            raise ValueError(f"tool {name!r} is registered twice")
+
+        def decorate(fn: ToolFn) -> ToolFn:
+            self._tools[name] = Tool(name, arguments, fn, compensation, (fn.__doc__ or "").strip())
+            return fn
+
+        return decorate
+
+    def names(self) -> frozenset[str]:
+        """Every registered tool name."""
+        return frozenset(self._tools)
+
+    def get(self, name: str) -> Tool | None:
+        """The tool called ``name``."""
+        return self._tools.get(name)
+
+    def parse(self, intent: ToolIntent) -> BaseModel | str:
+        """The intent's arguments validated against its tool's schema, or why they are not."""
+        tool = self._tools.get(intent.tool)
+        if tool is None:
+            return f"unknown tool {intent.tool!r}"
+        try:
+            return tool.arguments.model_validate_json(intent.arguments_json)
+        except ValidationError as exc:
+            return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
+
+    async def run(self, intent: ToolIntent, arguments: BaseModel) -> ToolOutcome:
+        """Run an accepted intent's tool. Failures are outcomes, not exceptions."""
+        tool = self._tools[intent.tool]
+        call = ToolCall(intent.intent_id, intent.agent_id, intent.resource, intent.token, arguments)
+        try:
+            result = await tool.run(call)
+        except ToolError as exc:
+            return ToolOutcome(False, error=str(exc))
+        except Exception as exc:  # a tool's bug must not take the partition down; record it
+            return ToolOutcome(False, error=f"{type(exc).__name__}: {exc}")
+        return ToolOutcome(True, json.dumps(result, sort_keys=True, default=str))

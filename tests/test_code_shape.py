@@ -1,0 +1,78 @@
+"""The code's shape, checked: no module reads another package's private attributes, and the front
+door's functions fit on a screen."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {"schemas": ROOT / "schemas", "streams": ROOT / "streams", "agents": ROOT / "agents",
+            "arbiter": ROOT / "arbiter", "bench": ROOT / "bench"}
+
+
+def _defined(paths: list[Path]) -> set[str]:
+    """Every private name a package defines: functions, classes, attributes it assigns."""
+    names: set[str] = set()
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+            elif isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+ALLOWED = {
+    ("streams/runtime/topics.py", "_client"): "aiokafka's admin client has no public way to ask one given broker "
+                                              "for metadata, which creating a topic on a cluster must wait on",
+    ("*", "_exit"): "os._exit is public API (exit at once, from a watchdog thread)",
+}
+
+
+def test_no_module_reads_another_packages_private_attributes() -> None:
+    found = []
+    for folder in PACKAGES.values():
+        paths = list(folder.rglob("*.py"))
+        own = _defined(paths)
+        for path in paths:
+            for node in ast.walk(ast.parse(path.read_text())):
+                where = str(path.relative_to(ROOT))
+                if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__") \
+                        and node.attr not in own and (where, node.attr) not in ALLOWED \
+                        and ("*", node.attr) not in ALLOWED:
+                    found.append(f"{where}:{node.lineno}: .{node.attr}")
+    assert not found, "private attributes of other packages read:\n" + "\n".join(found)
+
+
+def test_no_function_of_the_front_door_is_over_60_lines() -> None:
+    long = []
+    for path in (ROOT / "arbiter" / "door").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None \
+                    and node.end_lineno - node.lineno + 1 > 60:
+                long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1}")
+    assert not long, long
+
+
+def test_every_module_imports() -> None:
+    """(mypy ignores missing imports, so a stale module path would otherwise surface only when it runs.)"""
+    import importlib
+    import pkgutil
+
+    import arbiter
+    import bench
+
+    failed = []
+    for package in (arbiter, bench):
+        for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+            if not module.name.endswith("__main__"):
+                try:
+                    importlib.import_module(module.name)
+                except Exception as exc:
+                    failed.append(f"{module.name}: {exc!r}")
+    assert not failed, failed

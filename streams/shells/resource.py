@@ -18,10 +18,11 @@ A decision changes the stored book in place (``arbiter.streams.cores.leases.step
 grow with the queue; it registers the book's undo with the input's scope, which runs it if
 the input fails later on.
 
-Expiry: a timer in every worker sends one ``LockTick`` per owned partition into the
-command log. The tick's append time is "now" for that partition. An in-memory heap
-per partition of (next deadline, resource) finds the books a tick must touch without
-scanning the table; the heap is rebuilt from the table once per rebalance.
+Expiry: the worker sends a ``LockTick`` into a partition's command log when a deadline of that
+partition is due (``next_due``: the earliest lease expiry or wait deadline it holds), and
+never otherwise, so an idle system writes nothing. The tick's append time is "now" for that
+partition. An in-memory heap per partition of (next deadline, resource) finds the books a
+tick must touch without scanning the table; it is rebuilt from the table once per rebalance.
 """
 
 from __future__ import annotations
@@ -226,6 +227,22 @@ class ResourceShell:
         finally:
             book.end()
             self.scope.on_discard(undo)
+
+    def next_due(self, partition: int) -> int | None:
+        """The earliest deadline (broker time, ms) of ``partition``'s books: when a tick there is next
+        worth sending (None: nothing there waits on time). Stale entries are dropped on the way."""
+        generation = self.generation()
+        if generation != self._indexed_generation:
+            self._rebuild_index(generation)
+        heap = self._deadlines.get(partition)
+        while heap:
+            due, key = heap[0]
+            stored = self.books.get(key)
+            actual = stored.next_deadline() if stored is not None else None
+            if actual is not None and actual <= due:
+                return due
+            heapq.heappop(heap)  # the book moved on (its new deadline, if any, was pushed when it was stored)
+        return None
 
     def _remember_deadline(self, partition: int, key: bytes, book: LeaseBook) -> None:
         due = book.next_deadline()

@@ -11,6 +11,8 @@ Redis (``bench.compare``; ``./dev bench compare`` installs them), run only when 
 through one front door (``arbiter serve``) beside the direct-Kafka SDK (``bench.door``), run only when named.
 ``python -m bench failover [--kills 20] [--workers 3]``: failover time after a worker's SIGKILL
 (``bench.failover``), run only when named.
+``python -m bench checkpoint [--messages 200000] [--after 5000,20000,50000]``: an audit resumed from a
+checkpoint beside one from zero (``bench.checkpoint``, no broker), run only when named.
 The Kafka benchmarks need a broker (``./dev bench`` starts the local one) and start
 their own worker processes on topics of their own.
 """
@@ -80,6 +82,10 @@ def main() -> None:
     if sys.argv[1:2] == ["door"]:  # N agents through one front door: its own options
         from . import door
         door.main(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["checkpoint"]:  # audit from a checkpoint: cost per new message, no broker
+        from . import checkpoint
+        checkpoint.main(sys.argv[2:])
         return
     if sys.argv[1:2] == ["failover"]:  # SIGKILLed workers, time until their resources are granted again
         from . import failover

@@ -39,14 +39,15 @@ TICK_MS = 100
 T0 = 1_700_000_000_000
 
 
-def workload(settings: Settings, rounds: int, resources: int = 2_000) -> list[Entry]:
+def workload(settings: Settings, rounds: int, resources: int = 2_000, spacing_ms: int = 1) -> list[Entry]:
     """The agents' commands and the ticks, in time order, for ``rounds`` rounds.
 
     A round on one resource: A acquires it, B queues behind A, A refunds, A releases
     (B is granted), B refunds on A's base (version conflict) and again on the new one,
     B releases. Every 10th round on a resource, C then takes a 50 ms lease, lets it
     expire, writes with its dead token (refused) and releases it (refused). Tokens and
-    versions are predicted here, as the agents would have read them.
+    versions are predicted here, as the agents would have read them. A round starts ``spacing_ms`` after
+    the one before.
     """
     topic = settings.topics.resource_commands
     tokens = [0] * resources
@@ -71,7 +72,7 @@ def workload(settings: Settings, rounds: int, resources: int = 2_000) -> list[En
 
     for j in range(rounds):
         i = j % resources
-        resource, n, t = f"account:r{i}", str(j), T0 + j
+        resource, n, t = f"account:r{i}", str(j), T0 + j * spacing_ms
         a, b, c = f"agent-{j % 97}", f"agent-{(j + 31) % 97}", f"agent-{(j + 63) % 97}"
         first, second, base = tokens[i] + 1, tokens[i] + 2, versions[i]
         acquire(t, a, resource, n)

@@ -39,12 +39,21 @@ def test_the_demo_refuses_every_attack_of_its_rogue_agent(bootstrap: str, tmp_pa
 
     # As the README runs it: no agent is enrolled on first use; the demo issues every key itself.
     env = settings_env(isolated_settings(bootstrap, tmp_path, auto_enroll=False))
-    proc = arbiter("demo", "--workers", "1", "--speed", "100", "--seed", "5", *(["--via-http"] if via_http else []),
-                   env=env, timeout=300)
+    proc = arbiter("demo", "--workers", "1", "--speed", "100", "--seed", "5", "--keep",
+                   *(["--via-http"] if via_http else []), env=env, timeout=300)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert ("the swarm's agents go through it" in out) == via_http, out
-    assert "audit of the run's log" in out and "PASS, no safety rule broken" in out, out
+    verdict = next(line for line in out.splitlines() if line.startswith("audit of the run's log"))
+    assert "PASS: no safety rule was broken; 2 intrusion(s) detected" in verdict, out
+    # One verdict: the re-audit the demo suggests, and the HTML report, say the same.
+    archive = next(line.split(": ", 1)[1].split(" (", 1)[0] for line in out.splitlines()
+                   if line.startswith("log archive: "))
+    again = arbiter("audit", "--log", archive, env=env, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert verdict.split("): ", 1)[1] in again.stdout, again.stdout
+    page = Path(archive).with_name("audit.html").read_text()
+    assert '<div class="verdict">PASS</div>' in page and "2 intrusion(s) detected" in page
     assert "rogue agent mallory (allowed account:mallory), joined mid-run: 11 attempts, 11 refused" in out, \
         out + proc.stderr
     assert "SECURITY" not in out and "NOT REFUSED" not in out and "UNEXPECTED" not in out, out

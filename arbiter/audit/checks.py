@@ -17,15 +17,18 @@ Two kinds of check:
   honest log fail its other checks.
 
 Every finding names the log positions (``topic[partition]@offset``) that prove it.
-A finding is a ``violation`` (a rule was broken) or ``open`` (unfinished work at the
-end of the log: a saga still running, a request still queued; a violation only when
-the log is meant to be complete).
+A finding is a ``violation`` (a rule was broken), an ``intrusion`` (a message someone
+forged or was not allowed to write, which no worker acted on: a decision no worker
+signed, a registry record no admin signed; it left a trace and changed nothing), or
+``open`` (unfinished work at the end of the log: a saga still running, a request still
+queued; a violation only when the log is meant to be complete). A command that should
+have been refused and was decided anyway is a violation, never an intrusion.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -72,7 +75,7 @@ CHECKS: dict[str, str] = {
     "sagas_finished": "every saga ended COMPLETED or COMPENSATED",
     "cycles_resolved": "every wait-for cycle was resolved by a detection",
     "one_outcome": "every command got exactly one final outcome",
-    "authenticated": "every message is signed by an identity allowed to write it (or was refused)",
+    "authenticated": "every message is signed by an identity allowed to write it, or was refused or ignored",
 }
 
 
@@ -111,10 +114,11 @@ class Findings:
         return entry.where in self.intrusions or entry.where in self.forged
 
     def add(self, check: str, message: str, where: Iterable[Entry | str], *, open_: bool = False,
-            resource: str | None = None, at_ms: int | None = None) -> None:
+            intrusion: bool = False, resource: str | None = None, at_ms: int | None = None) -> None:
         """Record a finding."""
         positions = tuple(w.where if isinstance(w, Entry) else w for w in where)
-        self.items.append(Finding(check, "open" if open_ else "violation", message, positions, resource, at_ms))
+        severity = "open" if open_ else "intrusion" if intrusion else "violation"
+        self.items.append(Finding(check, severity, message, positions, resource, at_ms))
 
 
 _Group = tuple[tuple[str, int, int], str, bytes]
@@ -128,8 +132,9 @@ def _cause_of(record: Record) -> tuple[str, int, int] | None:
 
 
 def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]]],
-                      findings: Findings) -> dict[str, int]:
-    """Compare re-derived decisions with the recorded ones, per input and key."""
+                      findings: Findings, context: Collection[str] = ()) -> dict[str, int]:
+    """Compare re-derived decisions with the recorded ones, per input and key. ``context``: positions of
+    decisions kept only as context (an audit checkpoint's live state, whose inputs it no longer holds)."""
     topics = settings.topics
     decision_topics = {topics.resource_events, topics.saga_events, topics.wait_edges}
     recorded: dict[_Group, list[Entry]] = defaultdict(list)
@@ -139,6 +144,8 @@ def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, l
             record = entry.record
             if entry.where in findings.intrusions:
                 continue  # named by ``authenticated``, and only there
+            if context and entry.where in context:
+                continue
             if record is None:
                 if topic != topics.wait_edges:  # (bad input on the edge topic is the detector's to dead-letter)
                     findings.add("determinism", "a message on a decision topic does not decode: no processor "
@@ -575,9 +582,10 @@ class _Graph:
 
 def summarize(findings: Findings) -> dict[str, dict[str, int]]:
     """Per check: violations and open items."""
-    table = {name: {"violations": 0, "open": 0} for name in CHECKS}
+    table = {name: {"violations": 0, "intrusions": 0, "open": 0} for name in CHECKS}
+    column = {"violation": "violations", "intrusion": "intrusions", "open": "open"}
     for f in findings.items:
-        table[f.check]["violations" if f.severity == "violation" else "open"] += 1
+        table[f.check][column[f.severity]] += 1
     return table
 
 
@@ -617,14 +625,14 @@ def check_authenticated(log: Log, settings: Settings, anchors: list[bytes],
         if isinstance(record, IdentityRegistered):
             refusal = registry.apply(entry.topic, entry.key, value, entry.headers, record)
             if refusal is not None:
-                findings.add("authenticated", f"registry record of {record.name!r} ({record.role}) is not the "
-                             f"admin's: {refusal.detail}", [entry], at_ms=entry.timestamp_ms)
+                findings.add("authenticated", f"registry record of {record.name!r} ({record.role}) was not "
+                             f"applied: {refusal.detail}", [entry], intrusion=True, at_ms=entry.timestamp_ms)
                 continue
         else:
             signer = registry.verify(entry.topic, entry.key, value, entry.headers, entry.timestamp_ms)
             if isinstance(signer, Refused) or signer.role != ROLE_ADMIN:
                 findings.add("authenticated", "a registry message that is not an identity record (a tombstone, or "
-                             "bytes that do not decode) is not signed by an admin key", [entry],
+                             "bytes that do not decode) is not signed by an admin key", [entry], intrusion=True,
                              at_ms=entry.timestamp_ms)
                 continue
         stats["signatures_verified"] += 1
@@ -670,7 +678,7 @@ def check_authenticated(log: Log, settings: Settings, anchors: list[bytes],
                     continue
                 findings.intrusions.add(entry.where)
                 findings.add("authenticated", f"{kind} on {topic} is not a worker's decision: {problem}", [entry],
-                             resource=_resource_of(record), at_ms=entry.timestamp_ms)
+                             intrusion=True, resource=_resource_of(record), at_ms=entry.timestamp_ms)
                 continue
             if record is None:
                 continue  # the workers dead-letter bytes that do not decode before they look at a signature

@@ -9,15 +9,29 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+from aiokafka.errors import KafkaError
 
+from arbiter.console import EXIT_UNAVAILABLE
+from arbiter.edge.kafkaconn import describe
 from arbiter.edge.settings import Settings
 
 from .log import Log, load_archive, read_log, write_archive
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, code: int = 2) -> NoReturn:
     click.secho(f"error: {message}", fg="red", err=True)
-    sys.exit(2)
+    sys.exit(code)
+
+
+def _writable(path: Path) -> Path:
+    """``path``, once it is known that it can be written (before the long work that ends in writing it)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        _fail(f"cannot write {path}: {exc.strerror or exc}")
+    return path
 
 
 class _Bar:
@@ -41,8 +55,9 @@ class _Bar:
             self.bar.render_finish()
 
 
-def load_log(settings: Settings, archive: Path | None, quiet: bool = False) -> Log:
-    """The log from an archive, or read from the broker with a progress bar."""
+def load_log(settings: Settings, archive: Path | None, quiet: bool = False,
+             since: dict[tuple[str, int], int] | None = None) -> Log:
+    """The log from an archive, or read from the broker (from ``since``) with a progress bar."""
     if archive is not None:
         try:
             return load_archive(archive)
@@ -50,9 +65,11 @@ def load_log(settings: Settings, archive: Path | None, quiet: bool = False) -> L
             _fail(f"cannot read the archive: {exc}")
     bar = _Bar("reading the log", quiet)
     try:
-        return asyncio.run(read_log(settings, bar))
+        return asyncio.run(read_log(settings, bar, since=since))
+    except (KafkaError, ConnectionError) as exc:
+        _fail(f"cannot reach Kafka at {settings.bootstrap}: {describe(exc)}", EXIT_UNAVAILABLE)
     except Exception as exc:
-        _fail(f"cannot read the log at {settings.bootstrap}: {type(exc).__name__}: {exc}")
+        _fail(f"cannot read the log at {settings.bootstrap}: {describe(exc)}")
     finally:
         bar.close()
 
@@ -79,23 +96,62 @@ _archive_option = click.option("--log", "archive", type=click.Path(path_type=Pat
               help="Also write a self-contained HTML report (timeline, findings) to this file.")
 @click.option("--partial", is_flag=True, help="The log was cut short (Ctrl-C): report unfinished sagas and "
               "requests as open items, not violations.")
+@click.option("--strict", is_flag=True, help="Fail on an intrusion detected too (a forged or unauthorized message "
+              "that no worker acted on), not only on a broken safety rule.")
+@click.option("--checkpoint", "checkpoint_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Resume from this signed checkpoint if it exists (verified first), audit only what came after "
+                   "it, and write the new checkpoint there (signed with the admin key).")
 @click.pass_context
-def audit(ctx: click.Context, archive: Path | None, as_json: bool, html_path: Path | None, partial: bool) -> None:
-    """Replay the whole log and check every safety rule. Exit 1 on any violation."""
-    from . import TrustAnchorsMissing
-    from . import audit as run_audit
+def audit(ctx: click.Context, archive: Path | None, as_json: bool, html_path: Path | None, partial: bool,
+          strict: bool, checkpoint_path: Path | None) -> None:
+    """Replay the whole log and check every safety rule. Exit 1 on a broken rule (or, with --strict, on an
+    intrusion detected), 2 on bad input, 3 when Kafka cannot be reached; intrusions are reported either way."""
+    from . import TrustAnchorsMissing, audit_from
+    from .checkpoint import Checkpoint, CheckpointError
 
+    if html_path is not None:
+        _writable(html_path)
     settings = _settings_for(ctx)
-    log = load_log(settings, archive, quiet=as_json)
+    resume: Checkpoint | None = None
+    admin = None
+    if checkpoint_path is not None:
+        from arbiter.agents.identities import admin_signer
+        from arbiter.schemas.identity import IdentityError
+
+        from .replay import trust_anchors
+
+        _writable(checkpoint_path)
+        try:
+            admin = admin_signer(settings.home, create=False)
+        except IdentityError as exc:
+            _fail(f"--checkpoint signs what it writes with the admin key: {exc}")
+        if checkpoint_path.exists():
+            try:
+                resume = Checkpoint.read(checkpoint_path)
+                resume.verify(trust_anchors(settings))
+                resume.check_settings(settings)
+            except (CheckpointError, TrustAnchorsMissing) as exc:
+                _fail(f"{checkpoint_path}: {exc}")
+    log = load_log(settings, archive, quiet=as_json, since=resume.since() if resume and archive is None else None)
     settings = _settings_for(ctx, log)
+    if resume is not None:
+        try:
+            log, _slice = resume.continue_with(log, settings)
+        except CheckpointError as exc:
+            _fail(f"{checkpoint_path}: {exc}")
     try:
-        report = asyncio.run(run_audit(log, settings, complete=not partial))
+        report, done = asyncio.run(audit_from(log, settings, resume, complete=not partial, strict=strict,
+                                              checkpointing=checkpoint_path is not None))
     except TrustAnchorsMissing as exc:
         _fail(str(exc))
+    if checkpoint_path is not None and admin is not None:
+        made = done.checkpoint(settings, admin)
+        made.write(checkpoint_path)
+        report.setdefault("checkpoint", {})["written"] = {"path": str(checkpoint_path),
+                                                          "slice_messages": len(made.slice_lines)}
     if html_path is not None:
         from .html import render
 
-        html_path.parent.mkdir(parents=True, exist_ok=True)
         html_path.write_text(render(report), encoding="utf-8")
     if as_json:
         click.echo(json.dumps(report, sort_keys=True))
@@ -104,11 +160,30 @@ def audit(ctx: click.Context, archive: Path | None, as_json: bool, html_path: Pa
     sys.exit(0 if report["verdict"] == "pass" else 1)
 
 
+def verdict_line(report: dict[str, Any]) -> str:
+    """The one-line verdict every view of a report shows (terminal, demo, HTML page)."""
+    intrusions = report.get("intrusions", 0)
+    seen = (f"; {intrusions} intrusion(s) detected, refused or ignored, nothing changed by them" if intrusions
+            else "")
+    if report["verdict"] == "pass":
+        return "PASS: no safety rule was broken" + seen
+    if not report.get("violations"):
+        return f"FAIL (--strict): {intrusions} intrusion(s) detected; no safety rule was broken"
+    return f"FAIL: {report['violations']} safety rule violation(s)" + seen
+
+
 def print_summary(report: dict[str, Any], html_path: Path | None = None, limit: int = 20) -> None:
     """The terminal summary of an audit report."""
     stats = report["stats"]
     start, end = report["span_ms"]
     click.echo(f"audit of {report['source']}: {report['messages']} messages over {(end - start) / 1000:.1f} s")
+    checkpoint = report.get("checkpoint") or {}
+    if checkpoint.get("resumed"):
+        click.echo(f"  resumed from a checkpoint of {checkpoint['messages_before']} messages: audited the "
+                   f"{checkpoint['new_messages']} after it, with the {checkpoint['slice_messages']} still live")
+    if checkpoint.get("written"):
+        click.echo(f"  checkpoint written to {checkpoint['written']['path']} "
+                   f"({checkpoint['written']['slice_messages']} messages kept live)")
     click.echo(f"  replayed {stats.get('inputs', 0)} inputs into {stats.get('decisions', 0)} decisions "
                f"in {report['timing']['replay_s']:.2f} s; {stats.get('redelivered', 0)} redelivered copies")
     click.echo(f"  grants {stats.get('grants', 0)}, writes applied {stats.get('writes', 0)}, rejected "
@@ -130,17 +205,16 @@ def print_summary(report: dict[str, Any], html_path: Path | None = None, limit: 
         mark = click.style("ok  " if ok else "FAIL", fg="green" if ok else "red", bold=not ok)
         extra = f"  ({row['open']} open)" if row["open"] else ""
         bad = f"  {row['violations']} violation(s)" if row["violations"] else ""
-        click.echo(f"  {mark} {name:<17} {row['description']}{bad}{extra}")
+        seen = f"  {row.get('intrusions', 0)} intrusion(s) detected" if row.get("intrusions") else ""
+        click.echo(f"  {mark} {name:<17} {row['description']}{bad}{seen}{extra}")
     findings = report["findings"]
     for finding in findings[:limit]:
-        colour = "red" if finding["severity"] == "violation" else "yellow"
+        colour = {"violation": "red", "intrusion": "magenta"}.get(finding["severity"], "yellow")
         click.secho(f"  {finding['severity']}: [{finding['check']}] {finding['message']}", fg=colour)
         click.echo(f"      at {', '.join(finding['where']) or 'end of log'}")
     if len(findings) > limit:
         click.echo(f"  ... and {len(findings) - limit} more (see --json or --html)")
-    verdict = report["verdict"] == "pass"
-    click.secho("verdict: " + ("PASS: no safety rule was broken" if verdict else "FAIL: safety rules were broken"),
-                fg="green" if verdict else "red", bold=True)
+    click.secho("verdict: " + verdict_line(report), fg="green" if report["verdict"] == "pass" else "red", bold=True)
     if html_path is not None:
         click.echo(f"report: {html_path.resolve()}")
 
@@ -198,9 +272,9 @@ def log_group() -> None:
 @click.pass_context
 def log_export(ctx: click.Context, path: Path) -> None:
     """Write every message of every Arbiter topic to PATH, one JSON object per line."""
+    _writable(path)
     settings = _settings_for(ctx)
     log = load_log(settings, None)
-    path.parent.mkdir(parents=True, exist_ok=True)
     count = write_archive(path, log)
     click.echo(f"wrote {count} messages to {path}")
 

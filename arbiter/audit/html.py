@@ -77,6 +77,9 @@ ol.findings{list-style:none;margin:0;padding:0}
 ol.findings>li{border-left:4px solid;padding:6px 12px;margin:8px 0;background:var(--band)}
 ol.findings>li.sev-violation{border-color:var(--bad)}
 ol.findings>li.sev-open{border-color:var(--warn)}
+ol.findings>li.sev-intrusion{border-color:#8e44ad}
+.sev-intrusion .badge{background:#8e44ad}
+.verdict-note{margin:4px 0 0;font-size:14px}
 .badge{display:inline-block;font-size:11px;font-weight:700;text-transform:uppercase;padding:1px 6px;
 border-radius:3px;color:#fff}
 .sev-violation .badge{background:var(--bad)}
@@ -387,7 +390,11 @@ _SCRIPT = r"""
 def render(report: dict[str, Any]) -> str:
     """One self-contained HTML page for ``report`` (the dict ``audit()`` returns)."""
     passed = report.get("verdict") == "pass"
-    verdict = "PASS" if passed else "VIOLATIONS"
+    verdict = "PASS" if passed else "VIOLATIONS" if report.get("violations", 1) else "INTRUSIONS"
+    intrusions = int(report.get("intrusions", 0))
+    note = (f"<p class=\"verdict-note\">{'No safety rule was broken. ' if report.get('violations', 0) == 0 else ''}"
+            f"{intrusions} intrusion(s) detected: forged or unauthorized messages that the workers refused and "
+            "the agents' SDKs ignored; nothing changed by them (listed below).</p>" if intrusions else "")
     source = str(report.get("source", ""))
     return "".join([
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n",
@@ -397,7 +404,8 @@ def render(report: dict[str, Any]) -> str:
         f"<title>Arbiter audit: {verdict} \u2014 {escape(source)}</title>\n",
         f"<style>{_STYLE}</style>\n</head>\n<body>\n",
         f"<header class=\"{'pass' if passed else 'fail'}\"><div class=\"verdict\">{verdict}</div>",
-        f"<div><h1>Arbiter audit</h1><p class=\"source\">source: <code>{escape(source)}</code></p></div></header>\n",
+        f"<div><h1>Arbiter audit</h1><p class=\"source\">source: <code>{escape(source)}</code></p>{note}</div>"
+        "</header>\n",
         _figures(report),
         _checks(report.get("checks", {})),
         "<h2>Timeline</h2>\n",
@@ -479,7 +487,9 @@ def _findings(findings: list[dict[str, Any]], origin: int | None) -> str:
     parts = ["<h2>Findings</h2>\n"]
     if not findings:
         parts.append("<p class=\"none\">No findings.</p>\n")
-    for severity, heading in (("violation", "Violations"), ("open", "Open items")):
+    for severity, heading in (("violation", "Violations"),
+                              ("intrusion", "Intrusions detected (refused or ignored: nothing changed by them)"),
+                              ("open", "Open items")):
         group = [f for f in findings if f.get("severity") == severity]
         if group:
             items = "".join(_finding(f, origin) for f in group)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import json
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
@@ -159,9 +159,11 @@ Progress = Callable[[int, int], None]
 
 
 async def read_log(settings: Settings, progress: Progress | None = None,
-                   only: Iterable[tuple[str, int]] | None = None) -> Log:
+                   only: Iterable[tuple[str, int]] | None = None,
+                   since: Mapping[tuple[str, int], int] | None = None) -> Log:
     """Every message on Arbiter's topics (or ``only`` those topic partitions), from the beginning
-    to their current end. Read-only: no consumer group, nothing committed."""
+    (or, for a partition ``since`` names, from that offset) to their current end. Read-only: no
+    consumer group, nothing committed."""
     codec = default_codec(settings.max_message_bytes)
     log = Log(settings.topics, source=f"kafka://{settings.bootstrap}", partition_count=settings.partitions)
     where = [TopicPartition(topic, partition) for topic, partition in only] if only is not None \
@@ -172,8 +174,15 @@ async def read_log(settings: Settings, progress: Progress | None = None,
                     max_partition_fetch_bytes=4 * settings.max_message_bytes) as tail:
         if not tail.tps:
             return log
+        starts = await tail.starts()
+        if since:
+            for tp in tail.tps:
+                offset = since.get((tp.topic, tp.partition))
+                if offset is not None and offset > starts[tp]:
+                    tail.consumer.seek(tp, offset)
+                    starts[tp] = offset
         ends = await tail.ends()
-        total = sum(ends.values()) - sum((await tail.starts()).values())
+        total = sum(ends.values()) - sum(min(starts[tp], ends[tp]) for tp in ends)
         for message, _record in await tail.read_to_end(ends, progress=(lambda done: progress(done, total))
                                                        if progress else None):
             log.add(_entry(codec, message.topic, message.partition, message.offset, message.timestamp,

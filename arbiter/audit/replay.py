@@ -26,7 +26,7 @@ from __future__ import annotations
 import gc
 import heapq
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -35,6 +35,7 @@ from arbiter.edge.keys import anchors_for
 from arbiter.edge.settings import Settings
 from arbiter.schemas import (
     CompensationRequested,
+    DeadLetter,
     DeadlockDetected,
     IdentityRegistered,
     LockRequested,
@@ -292,16 +293,64 @@ def inputs(log: Log, settings: Settings) -> Iterator[Entry]:
 
 
 async def rederive(log: Log, settings: Settings, engine: Engine | None = None,
-                   progress: Callable[[int], None] | None = None) -> tuple[Engine, list[tuple[Entry, list[Output]]]]:
-    """Every input and what the processors decide for it, replayed from the log."""
+                   progress: Callable[[int], None] | None = None, skip: Collection[str] = (),
+                   settled: Mapping[tuple[str, int], int] | None = None,
+                   at_settled: Callable[[Engine], None] | None = None
+                   ) -> tuple[Engine, list[tuple[Entry, list[Output]]]]:
+    """Every input and what the processors decide for it, replayed from the log (but the positions in
+    ``skip``: inputs an audit checkpoint's ``engine`` decided already).
+
+    With ``settled`` (per input partition, the last offset whose decisions the log records), the inputs
+    up to it are decided first, then ``at_settled(engine)`` is told, then the rest: the state an audit
+    checkpoint keeps is the one of settled inputs only (a tool's outcome is known once its decision is
+    in the log). A partition's state is its own, so the order across partitions does not matter."""
     engine = engine or new_engine(log, settings)
     decided: list[tuple[Entry, list[Output]]] = []
+    todo = [e for e in inputs(log, settings) if not skip or e.where not in skip]
+    if settled is not None:
+        first = [e for e in todo if e.offset <= settled.get((e.topic, e.partition), -1)]
+        chosen = {id(e) for e in first}
+        phases = [first, [e for e in todo if id(e) not in chosen]]
+    else:
+        phases = [todo]
+    count = 0
     with gc_paused():
-        for count, entry in enumerate(inputs(log, settings), 1):
-            decided.append((entry, list(await engine.decide(entry))))
-            if progress and count % 5000 == 0:
-                progress(count)
+        for number, phase in enumerate(phases):
+            if number == 1 and at_settled is not None:
+                at_settled(engine)
+            for entry in phase:
+                decided.append((entry, list(await engine.decide(entry))))
+                count += 1
+                if progress and count % 5000 == 0:
+                    progress(count)
+        if len(phases) == 1 and at_settled is not None:
+            at_settled(engine)
     return engine, decided
+
+
+def settled_offsets(log: Log, settings: Settings) -> dict[tuple[str, int], int]:
+    """Per input partition, the last input offset before the first tool intent whose outcome the log does
+    not record yet (a tool's outcome is a side effect, known once its decision is written): every input up
+    to it decides the same whatever comes later. Partitions without such an intent are settled to the end."""
+    t = settings.topics
+    answered = {(e.record.resource, e.record.intent_id) for e in log.of(t.resource_events)
+                if isinstance(e.record, ToolApplied | ToolRejected)}
+    lettered = {(e.record.source.topic, e.record.source.partition, e.record.source.offset)
+                for e in log.of(t.dead_letter) if isinstance(e.record, DeadLetter)}
+    settled: dict[tuple[str, int], int] = {}
+    for (topic, partition), entries in log.partitions.items():
+        if topic not in input_topics(t) or not entries:
+            continue
+        limit = entries[-1].offset
+        if topic == t.resource_commands:
+            for entry in entries:
+                r = entry.record
+                if (isinstance(r, ToolIntent) and (r.resource, r.intent_id) not in answered
+                        and (topic, partition, entry.offset) not in lettered):
+                    limit = entry.offset - 1
+                    break
+        settled[topic, partition] = limit
+    return settled
 
 
 # -- time travel -------------------------------------------------------------------------

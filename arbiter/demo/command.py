@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from arbiter.audit.cli import verdict_line
 from arbiter.demo.runs import (
     RunResult,
     audit_run,
@@ -25,9 +26,20 @@ from arbiter.demo.runs import (
 )
 from arbiter.demo.view import LiveState, Screen
 from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.settings import Settings
 from arbiter.kafka import LocalKafka, LocalKafkaError, broker_answers
 from arbiter.processes import DoorProcess, WorkerPool
-from arbiter.streams.runtime.topics import ensure_topics
+from arbiter.streams.runtime.topics import delete_topics_named, ensure_topics
+
+
+def _delete_run_topics(settings: Settings) -> None:
+    """The run is archived and audited: its topics go (nothing else on the broker is touched)."""
+    try:
+        deleted = asyncio.run(delete_topics_named(settings, (f"{settings.topics.registry.rsplit('.', 1)[0]}.",
+                                                              f"{settings.app_id}-")))
+        click.echo(f"deleted the run's {deleted} topics (--keep keeps them)")
+    except Exception as exc:  # the run's results are in its folder either way
+        click.echo(f"could not delete the run's topics: {exc}")
 
 
 @click.command()
@@ -41,9 +53,11 @@ from arbiter.streams.runtime.topics import ensure_topics
               "path). Default: a new embedded SQLite file for this run.")
 @click.option("--via-http", is_flag=True, help="Run the swarm's agents through a front door (arbiter serve, "
               "started for the run) instead of straight to Kafka.")
+@click.option("--keep", is_flag=True, help="Keep the run's topics (default: deleted once the log is archived and "
+              "audited; the archive, ledger and report stay in the run's folder).")
 @click.pass_context
 def demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool, ledger_dsn: str | None,
-         via_http: bool) -> None:
+         via_http: bool, keep: bool) -> None:
     """A swarm of simulated LLM agents on shared state, kept safe by Arbiter. Starts and stops what it needs."""
     def stop(signum: int, _frame: Any) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
@@ -52,7 +66,7 @@ def demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, stop)
     try:
-        _demo(ctx, workers, speed, seed, unsafe, ledger_dsn, via_http)
+        _demo(ctx, workers, speed, seed, unsafe, ledger_dsn, via_http, keep)
     except KeyboardInterrupt:
         # Outside the swarm (start-up, the unsafe run, the audit): what was started is
         # already stopped on the way out here.
@@ -61,8 +75,8 @@ def demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool
 
 
 def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool, ledger_dsn: str | None,
-          via_http: bool = False) -> None:
-    from arbiter.console import fail, settings_of
+          via_http: bool = False, keep: bool = False) -> None:
+    from arbiter.console import fail, settings_of, unreachable
     from arbiter.demo.swarm import Plan
 
     if workers < 1 or speed <= 0:
@@ -94,7 +108,7 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
                 except LocalKafkaError as exc:
                     fail(str(exc), exc.log_tail)
         if not broker_answers(settings.bootstrap, options=kafka_client_options(settings)):
-            fail(f"no Kafka answers at {settings.bootstrap}")
+            unreachable(settings.bootstrap)
         click.echo(f"kafka at {settings.bootstrap}; run {run}: topics arbiter.demo.{run}.*, "
                    f"ledger {settings.ledger_url()}")
         asyncio.run(ensure_topics(settings))
@@ -139,14 +153,12 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
             report = audit_run(settings, not interrupted, html)
         except Exception as exc:
             fail(f"could not audit the run's log: {type(exc).__name__}: {exc}")
-        # The rogue's forged decisions are in the log for good: the audit must name each of them under
-        # `authenticated` (and nothing else may be found). Any other finding fails the run.
+        # The rogue's forged decisions are in the log for good: the audit must name each of them as an
+        # intrusion detected (and find nothing else). The verdict is the audit's own, as 'arbiter audit' prints it.
         expected = set() if interrupted else rogue.forged_positions()
-        named = {w for f in report["findings"] if f["check"] == "authenticated" for w in f["where"]}
-        rogue_findings = [f for f in report["findings"]
-                          if f["check"] == "authenticated" and set(f["where"]) <= expected]
-        others = [f for f in report["findings"] if f not in rogue_findings]
-        verdict = not others and expected <= named
+        intruded = {w for f in report["findings"] if f["severity"] == "intrusion" for w in f["where"]}
+        others = [f for f in report["findings"] if f["severity"] != "intrusion"]
+        verdict = report["verdict"] == "pass" and not others and intruded == expected
         if not interrupted:
             safe = result_of("with Arbiter", plan, tally, ledger, live)
             ledger.close()
@@ -157,18 +169,23 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
                 print_side_by_side(unsafe_result, safe)
         stats = report["stats"]
         click.secho(f"audit of the run's log ({report['messages']} messages, {stats.get('decisions', 0)} decisions "
-                    f"re-derived): " + ("PASS, no safety rule broken" if verdict else "FAIL")
-                    + ("" if report["complete"] else " (partial log)"), fg="green" if verdict else "red")
-        if rogue_findings:
-            click.echo(f"  the audit names the rogue's {len(expected)} forged inbox message(s) under authenticated, "
-                       f"as it must: {', '.join(sorted(expected))}")
-        if not expected <= named:
-            click.secho(f"  the audit missed forged messages at {', '.join(sorted(expected - named))}", fg="red")
+                    f"re-derived): {verdict_line(report)}" + ("" if report["complete"] else " (partial log)"),
+                    fg="green" if verdict else "red")
+        if expected and expected == intruded:
+            click.echo(f"  the intrusions are the rogue's {len(expected)} forged inbox message(s), as they must be: "
+                       f"{', '.join(sorted(expected))}")
+        if expected - intruded:
+            click.secho(f"  the audit missed forged messages at {', '.join(sorted(expected - intruded))}", fg="red")
+        if intruded - expected:
+            click.secho(f"  intrusions nobody staged, at {', '.join(sorted(intruded - expected))}", fg="red")
         for finding in others[:10]:
             click.echo(f"  {finding['severity']}: [{finding['check']}] {finding['message']} "
                        f"at {', '.join(finding['where'])}")
         click.echo(f"audit report: {html}")
-        click.echo(f"log archive: {html.with_name('log.jsonl')} (arbiter audit --log ... to audit it again)")
+        if not keep:
+            stack.callback(lambda: _delete_run_topics(settings))
+        click.echo(f"log archive: {html.with_name('log.jsonl')} (audit it again: arbiter audit --log "
+                   f"{html.with_name('log.jsonl')}; the same verdict)")
     if interrupted:
         sys.exit(130)
     if not verdict or not rogue.ok:

@@ -31,6 +31,7 @@ from arbiter.agents import ArbiterClient
 from arbiter.agents.identities import Registrar
 from arbiter.edge.clock import now_ms
 from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.kafkaconn import close_client
 from arbiter.edge.settings import Settings
 from arbiter.edge.tail import Tail
 from arbiter.schemas import (
@@ -199,15 +200,15 @@ class Mallory:
         self.signer = await Registrar(self.settings).add(ROGUE, allow=self.report.allow, keep_key=False)
         self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0,
                                          **kafka_client_options(self.settings))
-        await self.producer.start()
-        await self.watch.start()
         try:
+            await self.producer.start()
+            await self.watch.start()
             # Another agent's lease to go after: the live log shows one soon after the swarm starts.
             await until(lambda: bool(self.held()), timeout=10)
             await self._attacks(self.signer)
         finally:
             await self.watch.stop()
-            await self.producer.stop()
+            await close_client(self.producer)
         return self.report
 
     async def _send(self, topic: str, key: bytes, record: Record, signer: Signer | None,

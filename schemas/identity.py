@@ -153,14 +153,21 @@ def _unb64url(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
+NAME_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.@:")
+"""What an identity's name is made of: it names a key file, and appears in logs, topics' keys and URLs."""
+
+
 def valid_name(name: str) -> str | None:
     """Why ``name`` cannot be an identity (None: it can)."""
-    if not name or len(name.encode()) > 200:
-        return "a name is 1 to 200 UTF-8 bytes"
+    if not name or len(name) > 200:
+        return "a name is 1 to 200 characters"
+    if not set(name) <= NAME_CHARACTERS:
+        odd = "".join(sorted(set(name) - NAME_CHARACTERS))[:10]
+        return f"a name is made of letters, digits and - _ . @ : (not {odd!r})"
     if any(name.startswith(p) for p in RESERVED_PREFIXES):
         return f"names starting with {', '.join(RESERVED_PREFIXES)} are reserved for sagas"
-    if any(c in name for c in "/\\\0") or name in (".", "..") or name.strip() != name:
-        return "a name has no slashes, NUL or surrounding spaces"
+    if name in (".", "..") or name[0] in "-.":
+        return "a name does not start with '-' or '.'"
     return None
 
 

@@ -148,6 +148,16 @@ def test_reserved_and_path_like_names_are_refused(name: str) -> None:
     problem = valid_name(name)
     if name.startswith("saga:") or "/" in name or not name or name.strip() != name:
         assert problem is not None
+    if problem is None:
+        assert all(c.isascii() and (c.isalnum() or c in "-_.@:") for c in name)
+
+
+def test_names_are_letters_digits_and_a_few_marks() -> None:
+    for ok in ("triage-7", "agent_1", "worker", "drafter.js", "ops@acme", "team:ops", "7-of-nine"):
+        assert valid_name(ok) is None, ok
+    for bad in ("bad name!", "a b", "émile", "a/b", "-flag", ".hidden", "saga:x", "x" * 201, "tab\t"):
+        assert valid_name(bad) is not None, bad
+    assert "letters, digits" in (valid_name("bad name!") or "")
 
 
 def test_key_files_are_private(tmp_path: Any) -> None:

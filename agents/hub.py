@@ -43,6 +43,7 @@ from typing import Any, Protocol
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.kafkaconn import close_client
 from arbiter.edge.keys import anchors_for
 from arbiter.edge.registryfeed import RegistryFeed
 from arbiter.edge.settings import Settings
@@ -91,20 +92,6 @@ async def join(settings: Settings, agent_id: str, member: Member) -> InboxHub:
         await hub.release()
         raise
     return hub
-
-
-async def stop_consumer(consumer: AIOKafkaConsumer) -> None:
-    """``consumer.stop()``, which can hang in aiokafka 0.14 when it comes right after an assignment
-    change: the fetch routine, cancelled while it waits for the fetches it cancelled itself, swallows
-    its own cancellation and fetches on forever (aio-libs/aiokafka#983, #1007). The hub reassigns when
-    an agent leaves, just before the last one stops it. Cancel that routine again until it ends."""
-    stopping = asyncio.ensure_future(consumer.stop())
-    while not (await asyncio.wait({stopping}, timeout=1.0))[0]:
-        routine = getattr(getattr(consumer, "_fetcher", None), "_fetch_task", None)
-        if routine is not None and not routine.done():
-            log.warning("the inbox reader's fetch routine did not stop when cancelled; cancelling it again")
-            routine.cancel()
-    stopping.result()
 
 
 class InboxHub:
@@ -169,6 +156,7 @@ class InboxHub:
             self.consumer.pause(*every)
         except BaseException:
             self._forget()  # later clients start a new hub; the joiners waiting on this one release it
+            await self._close_clients()  # what did start is closed, not left for the garbage collector
             raise
         self._reader = asyncio.create_task(self._read(), name="arbiter-inbox")
         self._reader.add_done_callback(self._reader_ended)
@@ -185,12 +173,16 @@ class InboxHub:
         if self._reader is not None:
             self._reader.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self.consumer is not None:
-            await stop_consumer(self.consumer)
-        if self.producer is not None:
-            await self.producer.stop()
-        if self.feed is not None:
-            await self.feed.stop()
+        await self._close_clients()
+
+    async def _close_clients(self) -> None:
+        consumer, producer, feed = self.consumer, self.producer, self.feed
+        closing = [close_client(consumer) if consumer is not None else None,
+                   close_client(producer) if producer is not None else None,
+                   feed.stop() if feed is not None else None]
+        for failed in await asyncio.gather(*(c for c in closing if c is not None), return_exceptions=True):
+            if isinstance(failed, Exception):  # (closing after a failed start: the start's error is the news)
+                log.debug("closing an inbox hub's client failed: %r", failed)
 
     def _forget(self) -> None:
         """No new client finds this hub any more."""

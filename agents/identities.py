@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaProducer
 
 from arbiter.edge.clock import now_ms
 from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.kafkaconn import started
 from arbiter.edge.keys import anchors_for, key_file, keys_dir, read_private_key, write_private_key
 from arbiter.edge.registryfeed import RegistryFeed
 from arbiter.edge.settings import Settings
@@ -91,18 +92,14 @@ class Registrar:
 
     async def publish(self, entries: Iterable[IdentityRegistered]) -> None:
         """Write registry records, each signed by the admin key."""
-        producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0,
-                                    **kafka_client_options(self.settings))
-        await producer.start()
-        try:
+        async with started(AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0,
+                                            **kafka_client_options(self.settings))) as producer:
             topic = self.settings.topics.registry
             for entry in entries:
                 value = self.codec.encode(entry)
                 key = entry.key_id.encode()
                 headers = self.admin.sign(topic, key, value, now_ms())
                 await producer.send_and_wait(topic, value, key=key, headers=headers)
-        finally:
-            await producer.stop()
 
     async def add(self, name: str, *, role: str = ROLE_AGENT, tenant: str = "", allow: Iterable[str] = (),
                   keep_key: bool = True) -> Signer:
@@ -261,15 +258,11 @@ class Operator:
         self.codec = default_codec(settings.max_message_bytes)
 
     async def _send(self, topic: str, key: str, record: Record) -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0,
-                                    **kafka_client_options(self.settings))
-        await producer.start()
-        try:
+        async with started(AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0,
+                                            **kafka_client_options(self.settings))) as producer:
             value = self.codec.encode(record)
             raw = key.encode()
             await producer.send_and_wait(topic, value, key=raw, headers=self.admin.sign(topic, raw, value, now_ms()))
-        finally:
-            await producer.stop()
 
     async def revoke(self, resource: str, agent_id: str, reason: str, token: int | None = None) -> str:
         """Force-release ``agent_id``'s lease (or queued request) on ``resource``; the request id."""

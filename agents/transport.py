@@ -33,6 +33,7 @@ from arbiter.agents import hub as hubs
 from arbiter.agents.errors import ArbiterError, ArbiterUnavailable
 from arbiter.agents.identities import ensure_identity
 from arbiter.edge.clock import now_ms
+from arbiter.edge.kafkaconn import describe
 from arbiter.edge.keys import key_file, signer_for
 from arbiter.edge.registryfeed import RegistryFeed
 from arbiter.edge.settings import Settings
@@ -102,7 +103,7 @@ class KafkaTransport:
             hub = await hubs.join(self.settings, self.agent_id, self)
         except KafkaError as exc:
             raise ArbiterUnavailable(f"Kafka at {self.settings.bootstrap} could not be reached: "
-                                     f"{type(exc).__name__}: {exc}") from exc
+                                     f"{describe(exc)}") from exc
         self._feed = hub.feed
         self.hub = hub
 

@@ -11,19 +11,22 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+from aiokafka.errors import KafkaError
 
 from arbiter.agents.identities import ensure_identity
 from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.kafkaconn import describe
+from arbiter.edge.settings import Settings
 from arbiter.schemas.identity import IdentityError
-from arbiter.streams.runtime.topics import TopicError, ensure_topics
+from arbiter.streams.runtime.topics import TopicError, delete_topics_named, ensure_topics, live_topics, topic_sizes
 
-from .console import fail, say, settings_of
+from .console import EXIT_UNAVAILABLE, ArbiterGroup, fail, quiet_kafka_logs, say, settings_of, unreachable
 from .kafka import LocalKafka, LocalKafkaError, broker_answers
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@click.group()
+@click.group(cls=ArbiterGroup)
 @click.option("--bootstrap", envvar="ARBITER_BOOTSTRAP", help="Kafka bootstrap servers (host:port,...). "
               "Default: the local broker. Env: ARBITER_BOOTSTRAP.")
 @click.option("--kafka-port", type=int, envvar="ARBITER_KAFKA_PORT",
@@ -35,6 +38,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 def main(ctx: click.Context, bootstrap: str | None, kafka_port: int | None, home: Path | None) -> None:
     """Arbiter: concurrency control for fleets of AI agents, on Apache Kafka."""
     ctx.obj = {"bootstrap": bootstrap, "kafka_port": kafka_port, "home": home}
+    if ctx.invoked_subcommand not in ("worker", "serve"):
+        quiet_kafka_logs()
 
 
 # -- kafka ---------------------------------------------------------------------------
@@ -106,18 +111,25 @@ def kafka_reset(ctx: click.Context, yes: bool) -> None:
 @kafka.command("status")
 @click.pass_context
 def kafka_status(ctx: click.Context) -> None:
-    """Say whether the local broker (every node) runs and answers. Exit 1 when it does not."""
+    """Say whether the local broker (every node) runs and answers. Exit 1 when it does not serve (a
+    cluster serves while a majority of its nodes, its KRaft quorum, does)."""
     local = _local(ctx)
-    answers = local.answers()
     if local.nodes == 1:
+        answers = local.answers()
         pid = local.pid()
         running = f"running (pid {pid})" if pid else "not running"
-    else:
-        running = f"{local.nodes} nodes: " + ", ".join(f"{i} running (pid {pid})" if pid else f"{i} not running"
-                                                       for i, pid in local.pids().items())
-    verdict = "answers" if answers else "does not answer"
-    click.echo(f"kafka: {running}; {local.bootstrap} {verdict if local.nodes == 1 else verdict + ' as a whole'}")
-    sys.exit(0 if answers else 1)
+        click.echo(f"kafka: {running}; {local.bootstrap} {'answers' if answers else 'does not answer'}")
+        sys.exit(0 if answers else 1)
+    pids = local.pids()
+    serving = [node.id for node in local.node_list if pids.get(node.id) and broker_answers(node.address, 2.0)]
+    quorum = local.nodes // 2 + 1
+    nodes = ", ".join(f"{i} {'serves' if i in serving else 'runs, does not answer' if pid else 'not running'}"
+                      + (f" (pid {pid})" if pid else "") for i, pid in pids.items())
+    serves = len(serving) >= quorum
+    verdict = (f"the cluster serves ({len(serving)} of {local.nodes} nodes; it needs {quorum})" if serves
+               else f"the cluster does not serve: {len(serving)} of {local.nodes} nodes answer, it needs {quorum}")
+    click.echo(f"kafka: {local.nodes} nodes: {nodes}; {verdict}")
+    sys.exit(0 if serves else 1)
 
 
 # -- topics --------------------------------------------------------------------------
@@ -137,23 +149,73 @@ def topics_create(ctx: click.Context) -> None:
         states = asyncio.run(ensure_topics(settings))
     except TopicError as exc:
         fail(str(exc))
-    except Exception as exc:
-        fail(f"cannot reach Kafka at {settings.bootstrap}: {exc}")
     for state in states:
         click.echo(f"{'created' if state.created else 'exists '}  {state.name}  ({state.partitions} partitions)")
+
+
+@topics.command("list")
+@click.option("--prefix", default="", help="Only topics whose names start with this.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per topic.")
+@click.pass_context
+def topics_list(ctx: click.Context, prefix: str, as_json: bool) -> None:
+    """Every topic on the broker (or those under --prefix), with its partitions and records."""
+    settings = settings_of(ctx)
+    sizes = _run_kafka(settings, topic_sizes(settings, prefix))
+    live = live_topics(settings)
+    for t in sizes:
+        if as_json:
+            click.echo(json.dumps({"name": t.name, "partitions": t.partitions, "records": t.records,
+                                   "in_use": t.name in live or t.name.startswith(f"{settings.app_id}-")}))
+        else:
+            mark = "  (this configuration's)" if t.name in live or t.name.startswith(f"{settings.app_id}-") else ""
+            click.echo(f"{t.name:<60} {t.partitions:>3} partitions {t.records:>12,} records{mark}")
+    if not sizes and not as_json:
+        say(f"no topics{' starting with ' + repr(prefix) if prefix else ''} at {settings.bootstrap}")
+
+
+@topics.command("delete")
+@click.argument("prefix")
+@click.option("--yes", is_flag=True, help="Also delete this configuration's own topics (the live log: gone for good).")
+@click.pass_context
+def topics_delete(ctx: click.Context, prefix: str, yes: bool) -> None:
+    """Delete every topic whose name starts with PREFIX (e.g. arbiter.demo.7-ab12cd.), changelogs included."""
+    settings = settings_of(ctx)
+    if len(prefix) < 3 or prefix.startswith("__"):
+        fail(f"prefix {prefix!r} would name too much: give at least three characters, not Kafka's own '__' topics")
+    names = [t.name for t in _run_kafka(settings, topic_sizes(settings, prefix))]
+    live = [n for n in names if n in live_topics(settings) or n.startswith(f"{settings.app_id}-")]
+    if live and not yes:
+        fail(f"{prefix!r} names {len(live)} of this configuration's own topics ({', '.join(live[:3])}"
+             f"{', ...' if len(live) > 3 else ''}): the live log, the audit record",
+             "add --yes to delete them anyway (nothing can bring them back)")
+    if not names:
+        say(f"no topics start with {prefix!r}")
+        return
+    deleted = _run_kafka(settings, delete_topics_named(settings, (prefix,)))
+    say(f"deleted {deleted} topic(s) starting with {prefix!r}")
+
+
+def _run_kafka(settings: Settings, work: Any) -> Any:
+    try:
+        return asyncio.run(work)
+    except KafkaError as exc:
+        fail(f"cannot reach Kafka at {settings.bootstrap}: {exc}", "start one with 'arbiter kafka up' or pass "
+             "--bootstrap", code=EXIT_UNAVAILABLE)
 
 
 # -- worker --------------------------------------------------------------------------
 
 
 @main.command()
-@click.option("--loglevel", default="warning", show_default=True)
+@click.option("--loglevel", default="info", show_default=True,
+              help="info: a line when it starts, when it is ready (and on each rebalance), and its throughput "
+                   "every 10 s while it works; warning: problems only.")
 @click.pass_context
 def worker(ctx: click.Context, loglevel: str) -> None:
     """Run a stream-processor worker. Start more to share the partitions."""
     settings = settings_of(ctx)
     if not broker_answers(settings.bootstrap, options=kafka_client_options(settings)):
-        fail(f"no Kafka answers at {settings.bootstrap}; start one with 'arbiter kafka up' or pass --bootstrap")
+        unreachable(settings.bootstrap)
     from .identitycli import ensure_worker_identity
 
     ensure_worker_identity(settings)
@@ -175,13 +237,18 @@ def serve(ctx: click.Context, host: str | None, port: int | None, ssl_certfile: 
     """Run the front door: HTTP and WebSocket access for agents in any language (docs at /docs)."""
     settings = settings_of(ctx)
     if not broker_answers(settings.bootstrap, options=kafka_client_options(settings)):
-        fail(f"no Kafka answers at {settings.bootstrap}; start one with 'arbiter kafka up' or pass --bootstrap")
+        unreachable(settings.bootstrap)
+    from arbiter.door.serve import ListenError
     from arbiter.door.serve import serve as run
 
-    scheme = "https" if ssl_certfile else "http"
-    where = f"{scheme}://{host or settings.door_host}:{settings.door_port if port is None else port}"
-    say(f"front door on {where} (OpenAPI at {where}/openapi.json, docs at {where}/docs)")
-    run(settings, host=host, port=port, loglevel=loglevel, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
+    def ready(door: Any, url: str) -> None:
+        say(f"front door {door.id} ready on {url} (OpenAPI at {url}/openapi.json, docs at {url}/docs)")
+
+    try:
+        run(settings, host=host, port=port, loglevel=loglevel, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
+            on_ready=ready)
+    except ListenError as exc:
+        fail(str(exc.strerror), "choose another with --port (or ARBITER_DOOR_PORT)")
 
 
 # -- ping ----------------------------------------------------------------------------
@@ -224,13 +291,26 @@ def ping(ctx: click.Context, count: int, timeout: float) -> None:
 def lock() -> None:
     """Acquire, renew and release leases from a shell (for agents not written in Python).
 
-    Every answer is one JSON object on stdout. Exit 0: done; 1: refused (the JSON is
-    the diagnostic); 2: no answer in time.
+    Every answer is one JSON object on stdout, whatever happens. Exit 0: done; 1: refused (the
+    JSON is the diagnostic); 2: no answer in time (it may still be decided: retry with the same
+    command); 3: Arbiter could not be reached (Kafka down: retry shortly); 4: this agent cannot
+    act (no key for it, or a bad setting).
     """
 
 
+LOCK_EXITS = {"refused": 1, "timeout": 2, "unavailable": 3, "no_identity": 4}
+"""``arbiter lock``'s exit code for each way a call can end without being done."""
+
+
+def _answer(body: dict[str, Any], kind: str | None = None) -> None:
+    """Print one JSON object; exit with the code of ``kind`` (None: done)."""
+    click.echo(json.dumps(body, sort_keys=True))
+    if kind is not None:
+        sys.exit(LOCK_EXITS[kind])
+
+
 def _lock_call(ctx: click.Context, agent: str, work: Callable[[Any], Any]) -> None:
-    from arbiter.agents import ArbiterClient, ArbiterTimeout, LeaseDenied
+    from arbiter.agents import ArbiterClient
 
     settings = settings_of(ctx)
 
@@ -238,17 +318,40 @@ def _lock_call(ctx: click.Context, agent: str, work: Callable[[Any], Any]) -> No
         async with ArbiterClient(agent, settings) as client:
             return await work(client)
 
+    _answer(_lock_run(settings, run()))
+
+
+def _lock_run(settings: Settings, work: Any) -> Any:
+    """Run one ``arbiter lock`` call; every way it can fail is answered as one JSON object and its exit code."""
+    from arbiter.agents import ArbiterTimeout, ArbiterUnavailable, LeaseDenied
+    from arbiter.audit.replay import TrustAnchorsMissing
+    from arbiter.edge.tail import TopicMissing
+
     try:
-        result = asyncio.run(run())
+        return asyncio.run(work)
     except IdentityError as exc:
-        fail(str(exc), "Each agent signs its commands with its own key: 'arbiter agents add NAME' issues one.")
+        _answer({"reason": "no_identity", "detail": str(exc), "what_to_do": "Each agent signs its commands with its "
+                 "own key: 'arbiter agents add NAME' issues one (or set ARBITER_IDENTITY_KEY)."}, "no_identity")
+    except TrustAnchorsMissing as exc:
+        _answer({"reason": "no_identity", "detail": str(exc), "what_to_do": "This home holds no admin public key "
+                 "to check the workers' signatures with: set ARBITER_ADMIN_PUBLIC_KEYS."}, "no_identity")
     except LeaseDenied as exc:
-        click.echo(json.dumps(exc.diagnostic, sort_keys=True))
-        sys.exit(1)
+        _answer({"reason": exc.reason, **exc.diagnostic}, "refused")
     except ArbiterTimeout as exc:
-        click.secho(f"error: {exc}", fg="red", err=True)
-        sys.exit(2)
-    click.echo(json.dumps(result, sort_keys=True))
+        _answer({"reason": "timeout", "detail": str(exc), "retriable": True,
+                 "what_to_do": "No decision arrived in time; it may still be decided. Check with 'arbiter lock "
+                               "status', or retry."}, "timeout")
+    except TopicMissing as exc:
+        _answer({"reason": "unavailable", "detail": str(exc), "retriable": False,
+                 "what_to_do": "Create the topics ('arbiter topics create') and start a worker."}, "unavailable")
+    except ArbiterUnavailable as exc:
+        _answer({"reason": "unavailable", "detail": str(exc), "retriable": True,
+                 "what_to_do": "Retry shortly; is Kafka up ('arbiter kafka status')?"}, "unavailable")
+    except (KafkaError, ConnectionError) as exc:
+        _answer({"reason": "unavailable", "detail": f"Kafka at {settings.bootstrap} could not be reached: "
+                                                    f"{describe(exc)}",
+                 "retriable": True, "what_to_do": "Retry shortly; is Kafka up ('arbiter kafka status')?"},
+                "unavailable")
 
 
 _agent_option = click.option("--agent", required=True, help="The agent id that holds or asks for the lease.")
@@ -309,7 +412,15 @@ def lock_release(ctx: click.Context, resource: str, agent: str, token: int) -> N
     """Give a lease back."""
 
     async def work(client: Any) -> dict[str, Any]:
-        return _token_outcome(await client.release_token(resource, token))
+        from arbiter.schemas import LockDenied
+        from arbiter.schemas.reasons import Reason
+
+        outcome = await client.release_token(resource, token)
+        if isinstance(outcome, LockDenied) and outcome.reason in (Reason.LEASE_NOT_LIVE, Reason.STALE_FENCING_TOKEN):
+            # Already gone: not an error (the front door answers the same, 200 with released: false).
+            return {"released": False, "resource": resource, "token": token, "reason": outcome.reason,
+                    "detail": "the lease was already gone (not an error)"}
+        return {"released": True, **_token_outcome(outcome)}
 
     _lock_call(ctx, agent, work)
 
@@ -324,12 +435,9 @@ def lock_revoke(ctx: click.Context, resource: str, agent: str, reason: str) -> N
     from arbiter.agents.identities import Operator
 
     settings = settings_of(ctx)
-    try:
-        request_id = asyncio.run(Operator(settings).revoke(resource, agent, reason))
-    except IdentityError as exc:
-        fail(str(exc))
-    click.echo(json.dumps({"requested": "revoke", "request_id": request_id, "resource": resource, "agent_id": agent,
-                           "reason": reason}, sort_keys=True))
+    request_id = _lock_run(settings, Operator(settings).revoke(resource, agent, reason))
+    _answer({"requested": "revoke", "request_id": request_id, "resource": resource, "agent_id": agent,
+             "reason": reason})
 
 
 @lock.command("status")
@@ -341,22 +449,17 @@ def lock_revoke(ctx: click.Context, resource: str, agent: str, reason: str) -> N
 def lock_status(ctx: click.Context, resource: str, agent: str | None, all_tokens: bool) -> None:
     """Holders, waiters and the token high-water mark, folded from the event log. Other agents'
     tokens are shown as null."""
-    from .audit.replay import TrustAnchorsMissing
     from .history import lease_book
 
     settings = settings_of(ctx)
     if all_tokens and not (settings.home / "keys" / "admin.key").exists():
-        fail("--all-tokens is for the operator: this home holds no admin key")
+        _answer({"reason": "no_identity", "detail": "--all-tokens is for the operator: this home holds no admin key",
+                 "what_to_do": "Run it where the admin key is, or leave out --all-tokens."}, "no_identity")
     skipped: list[str] = []
-    try:
-        book = asyncio.run(lease_book(settings, resource, skipped))
-    except TrustAnchorsMissing as exc:
-        fail(str(exc))
-    except Exception as exc:
-        fail(f"cannot read the log at {settings.bootstrap}: {exc}")
+    book = _lock_run(settings, lease_book(settings, resource, skipped))
     for line in skipped:
         say(f"left out a decision no worker signed: {line}")
-    click.echo(json.dumps({
+    _answer({
         "skipped_forged": len(skipped),
         "resource": resource,
         "high_water_token": book.last_token,
@@ -365,7 +468,7 @@ def lock_status(ctx: click.Context, resource: str, agent: str | None, all_tokens
                      "mode": h.mode, "expires_at_ms": h.expires_at_ms} for h in book.holders.values()],
         "waiting": [{"agent_id": w.agent_id, "mode": w.mode, "priority": w.priority, "deadline_ms": w.deadline_ms}
                     for w in book.queue],
-    }, sort_keys=True))
+    })
 
 
 def _register_late_commands() -> None:

@@ -13,12 +13,18 @@ from arbiter.edge.settings import Settings, load_settings
 from .kafka import local_cluster_settings
 
 
-def fail(message: str, detail: str = "") -> NoReturn:
-    """Print ``error: message`` (and ``detail``) on stderr and exit 1."""
+def fail(message: str, detail: str = "", code: int = 1) -> NoReturn:
+    """Print ``error: message`` (and ``detail``) on stderr and exit ``code``."""
     click.secho(f"error: {message}", fg="red", err=True)
     if detail:
         click.echo(detail, err=True)
-    sys.exit(1)
+    sys.exit(code)
+
+
+def unreachable(bootstrap: str) -> NoReturn:
+    """Exit ``EXIT_UNAVAILABLE``: no Kafka answers."""
+    fail(f"no Kafka answers at {bootstrap}", "is it up? 'arbiter kafka status' says; 'arbiter kafka up' starts the "
+         "local one (or pass --bootstrap)", code=EXIT_UNAVAILABLE)
 
 
 def settings_of(ctx: click.Context) -> Settings:
@@ -40,3 +46,44 @@ def settings_of(ctx: click.Context) -> Settings:
 def say(message: str) -> None:
     """Progress for a person, on stderr."""
     click.echo(message, err=True)
+
+
+EXIT_UNAVAILABLE = 3
+"""Every command's exit status when Kafka could not be reached (``arbiter lock`` documents its others)."""
+
+
+class ArbiterGroup(click.Group):
+    """The ``arbiter`` command group: a command that cannot reach Kafka, or that finds a topic missing,
+    ends with one clear line on stderr, never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        from aiokafka.errors import KafkaError
+
+        from arbiter.agents.errors import ArbiterUnavailable
+        from arbiter.edge.kafkaconn import describe
+        from arbiter.edge.tail import TopicMissing
+
+        try:
+            return super().invoke(ctx)
+        except TopicMissing as exc:
+            fail(str(exc))
+        except (KafkaError, ArbiterUnavailable, ConnectionError) as exc:
+            where = (ctx.obj or {}).get("bootstrap") or _bootstrap(ctx)
+            fail(f"cannot reach Kafka at {where}: {describe(exc)}", "is it up? 'arbiter kafka status' says; "
+                 "'arbiter kafka up' starts the local one (or pass --bootstrap)", code=EXIT_UNAVAILABLE)
+
+
+def _bootstrap(ctx: click.Context) -> str:
+    try:
+        return load_settings(**(ctx.find_root().obj or {})).bootstrap
+    except (ValidationError, TypeError):
+        return "the configured bootstrap"
+
+
+def quiet_kafka_logs() -> None:
+    """A short command's answer is its output: Kafka clients' own log lines (and the connection guard's
+    state changes) stay out of a terminal's stderr. ``worker`` and ``serve`` log them instead."""
+    import logging
+
+    logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    logging.getLogger("arbiter.kafka").setLevel(logging.ERROR)

@@ -154,7 +154,7 @@ class DoorProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> DoorProcess:
-        """Start it and return once it answers ``/healthz``."""
+        """Start it and return once it serves (``/livez``: started; ``/healthz`` also wants a worker)."""
         import urllib.request
 
         self.port = self.port or free_port()
@@ -173,7 +173,7 @@ class DoorProcess:
                 raise RuntimeError(f"the front door exited with {self.proc.returncode}; see {self.log}:\n"
                                    + self.log.read_text()[-3000:])
             try:
-                with urllib.request.urlopen(f"{self.url}/healthz", timeout=1) as answer:
+                with urllib.request.urlopen(f"{self.url}/livez", timeout=1) as answer:
                     if answer.status == 200:
                         return self
             except OSError:

@@ -19,6 +19,8 @@ import os
 import random
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -299,6 +301,16 @@ async def _group_coordinator(settings: Settings) -> int:
         await client.close()
 
 
+def _kafka_status(cluster: LocalKafka) -> subprocess.CompletedProcess[str]:
+    """``arbiter kafka status`` on the cluster's home, as its operator runs it."""
+    s = cluster.settings
+    env = {**os.environ, "ARBITER_HOME": str(s.home), "ARBITER_KAFKA_PORT": str(s.kafka_port),
+           "ARBITER_KAFKA_CONTROLLER_PORT": str(s.kafka_controller_port)}
+    env.pop("ARBITER_BOOTSTRAP", None)
+    return subprocess.run([sys.executable, "-m", "arbiter", "kafka", "status"], capture_output=True, text=True,
+                          env=env, timeout=60, check=False)
+
+
 async def _kill(cluster: LocalKafka, node_id: int) -> float:
     """SIGKILL one node; returns the moment, once the process is gone."""
     node = cluster.node_list[node_id - 1]
@@ -353,6 +365,11 @@ async def test_killing_the_leader_of_a_busy_partition_loses_no_acknowledged_gran
             await run.until(lambda: len(run.agents_granted_since(killed_at)) == len(run.tasks), 60,
                             "every agent granted again")
             everyone = run.all_granted_after(killed_at)
+            status = await asyncio.to_thread(_kafka_status, cluster)
+            assert status.returncode == 0 and "the cluster serves (2 of 3 nodes; it needs 2)" in status.stdout, (
+                "with one node of three down, grants flow and 'arbiter kafka status' says so", status.stdout,
+                status.stderr)
+            assert f"{leader} not running" in status.stdout, status.stdout
             moved = (await _layout(settings, [busy[0]]))[busy][0]
             before = len(run.grants)
             await run.until(lambda: len(run.grants) >= before + 40, 60, "40 more grants")

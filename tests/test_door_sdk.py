@@ -356,7 +356,7 @@ async def doors(kafka_settings: Settings, worker: WorkerPool) -> AsyncIterator[D
 
 
 def door_id(door: DoorProcess) -> str:
-    with urllib.request.urlopen(f"{door.url}/healthz", timeout=5) as answer:
+    with urllib.request.urlopen(f"{door.url}/livez", timeout=5) as answer:
         return str(json.load(answer)["door"])
 
 

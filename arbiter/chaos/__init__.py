@@ -61,7 +61,10 @@ def chaos(ctx: click.Context, campaign: str, duration: float | None, every: floa
           agents: int, seed: int, with_calm: bool, short: bool, freeze_ttl: float, broker_home: Path | None,
           private_broker: bool, keep_topics: bool, as_json: bool) -> None:
     """Run a fault campaign against a live Arbiter it starts itself; audit the run and print a table."""
-    from arbiter.console import fail, say, settings_of
+    from aiokafka.errors import KafkaError
+
+    from arbiter.console import EXIT_UNAVAILABLE, fail, say, settings_of
+    from arbiter.edge.kafkaconn import describe
 
     from .report import render
     from .runner import ChaosOptions, run_chaos
@@ -97,8 +100,11 @@ def chaos(ctx: click.Context, campaign: str, duration: float | None, every: floa
     except KeyboardInterrupt:
         say("\ninterrupted; everything the run started is stopped")
         sys.exit(130)
+    except (KafkaError, ConnectionError) as exc:
+        fail(f"chaos {campaign} could not reach Kafka at {settings.bootstrap}: {describe(exc)}",
+             "is it up? 'arbiter kafka status' says; 'arbiter kafka up' starts the local one", code=EXIT_UNAVAILABLE)
     except Exception as exc:
-        fail(f"chaos {campaign} failed: {type(exc).__name__}: {exc}")
+        fail(f"chaos {campaign} failed: {describe(exc)}")
     if as_json:
         click.echo(json.dumps(result, indent=2, sort_keys=True))
     else:

@@ -49,6 +49,7 @@ from aiokafka import AIOKafkaProducer
 from arbiter.agents import ArbiterClient
 from arbiter.edge.clock import now_ms
 from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.kafkaconn import close_client
 from arbiter.edge.tail import Tail
 from arbiter.processes import settings_env
 from arbiter.schemas import (
@@ -474,7 +475,7 @@ class Duplicates(Campaign):
         if self._tail is not None:
             await self._tail.stop()
         if self._producer is not None:
-            await self._producer.stop()
+            await close_client(self._producer)
 
     async def run(self) -> None:
         assert self._producer is not None
@@ -555,7 +556,7 @@ class Malformed(Campaign):
 
     async def teardown(self) -> None:
         if self._producer is not None:
-            await self._producer.stop()
+            await close_client(self._producer)
 
     def _records(self) -> list[tuple[str, str, bytes | None, bytes, list[tuple[str, bytes]] | None, int | None]]:
         """One of each kind: (what, topic, key, value, headers, partition: None for the key's own)."""

@@ -39,6 +39,7 @@ from aiokafka.structs import ConsumerRecord
 
 from arbiter.agents import ArbiterClient, ArbiterError
 from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.kafkaconn import started
 from arbiter.edge.settings import Settings, Topics
 from arbiter.edge.tail import Tail
 from arbiter.kafka import POM, LocalKafka, LocalKafkaError, broker_answers
@@ -294,34 +295,27 @@ class Rig:
         t = self.settings.topics
         tps = [TopicPartition(topic, p) for topic in (t.resource_commands, t.wait_edges, t.saga_commands)
                for p in range(self.settings.partitions)]
-        reader = AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap, group_id=None,
-                                  **kafka_client_options(self.settings))
-        await reader.start()
-        try:
+        async with started(AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap, group_id=None,
+                                            **kafka_client_options(self.settings))) as reader:
             return dict(await reader.end_offsets(tps))
-        finally:
-            await reader.stop()
 
     async def wait_processed(self, ends: dict[TopicPartition, int], timeout: float = 120.0) -> float:
         """Wait until the workers' consumer group has committed every input up to ``ends`` (replacing
         workers that exit meanwhile). Returns the seconds it took."""
-        admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap, **kafka_client_options(self.settings))
-        await admin.start()
-        started = time.monotonic()
-        try:
+        async with started(AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap,
+                                               **kafka_client_options(self.settings))) as admin:
+            began = time.monotonic()
             while True:
                 self.supervise()
                 committed = await admin.list_consumer_group_offsets(self.settings.app_id)
                 behind = {f"{tp.topic}[{tp.partition}]": end - (committed[tp].offset if tp in committed else 0)
                           for tp, end in ends.items()}
                 if all(lag <= 0 for lag in behind.values()):
-                    return time.monotonic() - started
-                if time.monotonic() - started > timeout:
+                    return time.monotonic() - began
+                if time.monotonic() - began > timeout:
                     raise ChaosError(f"the workers did not process every input within {timeout:.0f} s: "
                                      + ", ".join(f"{k} {v} behind" for k, v in behind.items() if v > 0))
                 await asyncio.sleep(0.2)  # between two reads of the committed offsets
-        finally:
-            await admin.close()
 
     async def audit(self) -> tuple[Any, dict[str, Any]]:
         """Read the run's whole log, keep it as an archive and an HTML report, audit it: (log, report)."""

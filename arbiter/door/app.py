@@ -19,9 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 
+import fastapi_offline
 from fastapi import FastAPI
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
 
 from arbiter.edge.settings import Settings
 
@@ -32,26 +37,45 @@ from .state import Door
 
 log = logging.getLogger(__name__)
 
+DOCS_ASSETS = Path(fastapi_offline.__file__).resolve().parent / "static"
+"""Swagger UI 5's files (it reads OpenAPI 3.1, which FastAPI writes), as the ``fastapi-offline`` package
+ships them: the interactive docs load nothing from a CDN."""
+
 DESCRIPTION = ("Leases, fenced writes, optimistic commits and sagas for AI agents, over HTTP. Authenticate with "
-               "'Authorization: Bearer <API key>' (a front-door credential: arbiter agents api-key NAME). Refusals "
+               "'Authorization: Bearer API_KEY' (a front-door credential: arbiter agents api-key NAME). Refusals "
                "are JSON diagnostics with a stable 'reason' and 'what_to_do'. WebSocket sessions: /v1/session "
                "(see the README).")
 
 
-def create_app(settings: Settings, door: Door | None = None) -> FastAPI:
-    """The front door's ASGI application (``door`` is started and stopped with it)."""
+def create_app(settings: Settings, door: Door | None = None,
+               on_ready: Callable[[Door], None] | None = None) -> FastAPI:
+    """The front door's ASGI application (``door`` is started and stopped with it; ``on_ready`` is
+    told once it has started)."""
     door = door or Door(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await door.start()
         log.info("front door %s ready: %d inbox partitions", door.id, door.partitions)
+        if on_ready is not None:
+            on_ready(door)
         try:
             yield
         finally:
             await door.stop()
 
-    app = FastAPI(title="Arbiter front door", version="1", lifespan=lifespan, description=DESCRIPTION)
+    # The interactive docs from Swagger UI's own files, shipped in a package: no CDN, so they work offline.
+    app = FastAPI(title="Arbiter front door", version="1", lifespan=lifespan, description=DESCRIPTION,
+                  docs_url=None, redoc_url=None)
+    app.mount("/docs/assets", StaticFiles(directory=DOCS_ASSETS), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(openapi_url="/openapi.json", title="Arbiter front door",
+                                   swagger_js_url="/docs/assets/swagger-ui-bundle.js",
+                                   swagger_css_url="/docs/assets/swagger-ui.css",
+                                   swagger_favicon_url="/docs/assets/favicon.png")
+
     app.state.door = door
     app.add_middleware(BodyLimit, limit=settings.door_max_body_bytes)
     errors.install(app)

@@ -58,9 +58,13 @@ from arbiter.schemas.partitioning import partition_for
 from arbiter.schemas.roles import ROLE_AGENT
 
 from .errors import Refusal, unauthenticated
+from .health import Readiness
 from .session import Session
 
 log = logging.getLogger(__name__)
+
+CATCH_UP_SECONDS = 5.0
+"""How long a call with a key the door has not seen waits for the registry to be read to its end."""
 
 
 class Bucket:
@@ -147,6 +151,8 @@ class Door:
         self._replays = asyncio.Semaphore(4)
         self.partitions = 0
         self.started_at = time.time()
+        self.readiness = Readiness(settings)
+        """What ``/healthz`` answers: Kafka reachable, a worker in the group."""
 
     async def start(self) -> None:
         """Follow the registry (to check keys) and learn the inbox's partitions."""
@@ -176,6 +182,7 @@ class Door:
         await asyncio.gather(*(self._drop(key_id) for key_id in list(self.agents)), return_exceptions=True)
         if self._feed is not None:
             await self._feed.stop()
+        await self.readiness.close()
 
     # -- authentication -----------------------------------------------------------------
 
@@ -231,11 +238,15 @@ class Door:
         each waits for a read that started after it arrived, so a key registered before the
         call is always found."""
         assert self.registry is not None and self._feed is not None
+        await self.refuse_if_unreachable()  # an unknown key is not known to be bad while the registry is unreadable
         arrived = time.monotonic()
         async with self._catching_up:
             if key_id not in self.registry.entries and self._last_catch_up <= arrived:
                 self._last_catch_up = time.monotonic()
-                await self._feed.catch_up(timeout=5.0)
+                if not await self._feed.catch_up(timeout=CATCH_UP_SECONDS) and key_id not in self.registry.entries:
+                    raise Refusal(503, "unavailable", f"the registry could not be read to its end within "
+                                  f"{CATCH_UP_SECONDS:g} s to check this key", "Retry shortly.",
+                                  headers={"Retry-After": "1"})
         return self.registry.entries.get(key_id)
 
     # -- agents -------------------------------------------------------------------------
@@ -291,9 +302,19 @@ class Door:
                           f"(burst {self.settings.door_burst})",
                           f"Retry after {wait:.3f} s.", headers={"Retry-After": str(max(1, round(wait + 0.5)))})
 
+    async def refuse_if_unreachable(self) -> None:
+        """``Refusal`` 503 (``Retry-After``) while Kafka does not answer (``readiness``, checked at most once a
+        second): a call would only wait out its send deadline to get the same answer."""
+        ready = await self.readiness.check()
+        if ready.kafka == "unreachable":
+            raise Refusal(503, "unavailable", ready.why, "Retry shortly: Kafka is down or unreachable from this door.",
+                          headers={"Retry-After": "1"})
+
     @contextlib.asynccontextmanager
     async def call(self, signer: Signer, charge: bool = True) -> Any:
-        """``async with door.call(signer) as state``: one rate-limited HTTP call of an authenticated agent."""
+        """``async with door.call(signer) as state``: one rate-limited HTTP call of an authenticated agent
+        (503 at once while Kafka does not answer)."""
+        await self.refuse_if_unreachable()
         state = await self.agent(signer)
         if state.inflight >= self.settings.door_max_inflight_per_agent:
             raise Refusal(429, "too_many_calls", f"{state.name!r} has {state.inflight} calls in progress here",

@@ -5,8 +5,9 @@ boundary"): with ``arbiter kafka up --secure`` the broker takes only SASL/SCRAM 
 and its ACLs let each principal touch only its own topics. Every Kafka client Arbiter
 makes (the SDK's, the CLI's, the workers') passes these options along.
 
-This module is pure data: it builds keyword arguments and reads the credentials file the
-local broker writes, and imports no Kafka client (the contract layer never loads faust).
+This module builds keyword arguments and reads the credentials file the local broker writes.
+Since every Arbiter Kafka client is made with its options, asking for them also installs the
+connection guard (:mod:`arbiter.edge.kafkaconn`: backoff, no self-connects, quiet logs).
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def kafka_client_options(settings: Settings) -> dict[str, Any]:
     unchanged on a broker without authentication. ``SASL_SSL`` uses the system's default
     TLS trust (an ``ssl_context`` from ``ssl.create_default_context()``).
     """
+    from .kafkaconn import install
+
+    install()
     if not _uses_sasl(settings):
         return {}
     if not settings.kafka_username or not settings.kafka_password:

@@ -12,6 +12,7 @@ the demo, the audit and the registry feed all read through it.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
@@ -20,6 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.structs import ConsumerRecord
 
 from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.kafkaconn import close_client, started
 from arbiter.edge.settings import Settings
 from arbiter.schemas import ContractError, Record, default_codec
 
@@ -34,13 +36,10 @@ class TopicMissing(RuntimeError):
 
 async def topic_partitions(settings: Settings, topics: list[str]) -> dict[str, int]:
     """How many partitions each of ``topics`` has on the broker (one missing is left out)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, **kafka_client_options(settings))
-    await admin.start()
-    try:
+    async with started(AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap,
+                                           **kafka_client_options(settings))) as admin:
         return {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(topics)
                 if t.get("error_code", 0) == 0 and t["partitions"]}
-    finally:
-        await admin.close()
 
 
 class Tail:
@@ -86,16 +85,25 @@ class Tail:
         return self._consumer
 
     async def start(self) -> None:
-        """Connect, assign, and pin the start of every partition; follow in the background if asked."""
+        """Connect, assign, and pin the start of every partition; follow in the background if asked. A start
+        that fails closes what it opened."""
         self._consumer = AIOKafkaConsumer(**self._options)  # (aiokafka wants the running loop)
-        await self._consumer.start()
         self._started = True
+        try:
+            await self._consumer.start()
+            await self._pin()
+        except BaseException:
+            await self.stop()
+            raise
+        if self.on_message is not None:
+            self._reader = asyncio.create_task(self._follow(), name="arbiter-tail")
+
+    async def _pin(self) -> None:
         names = sorted({w for w in self.where if isinstance(w, str)})
         if names:
             counts = await topic_partitions(self.settings, names)
             missing = [n for n in names if n not in counts]
             if missing:
-                await self.stop()
                 raise TopicMissing(f"no topic {', '.join(missing)} at {self.settings.bootstrap}: create the topics "
                                    "with 'arbiter topics create' (or check ARBITER_TOPICS__*)")
             self.tps = sorted({*self.tps, *(TopicPartition(n, p) for n in names for p in range(counts[n]))})
@@ -109,8 +117,6 @@ class Tail:
                 self.consumer.seek(tp, offset)
         for tp in self.tps:
             await self.consumer.position(tp)  # resolve the seek now: what is written from here on is seen
-        if self.on_message is not None:
-            self._reader = asyncio.create_task(self._follow(), name="arbiter-tail")
 
     async def stop(self) -> None:
         """Stop following and disconnect."""
@@ -120,7 +126,7 @@ class Tail:
             self._reader = None
         if self._started:
             self._started = False
-            await self.consumer.stop()
+            await close_client(self.consumer)
         self._consumer = None
 
     async def ends(self) -> dict[TopicPartition, int]:
@@ -154,10 +160,15 @@ class Tail:
         return out
 
     async def caught_up(self, timeout: float) -> bool:
-        """Wait until the background reader has handed over every record written before this call."""
-        ends = await self.ends()
+        """Wait until the background reader has handed over every record written before this call; False
+        after ``timeout`` seconds (asking for the end offsets included: with no broker, that waits)."""
+        deadline = time.monotonic() + timeout
+        try:
+            ends = await asyncio.wait_for(self.ends(), timeout)
+        except TimeoutError:
+            return False
         return await self.wait_for(lambda: all(self.positions.get(tp, 0) >= end for tp, end in ends.items()),
-                                   timeout)
+                                   max(0.0, deadline - time.monotonic()))
 
     async def wait_for(self, done: Callable[[], bool], timeout: float) -> bool:
         """Wait (on the background reader's batches) until ``done()``; False after ``timeout`` seconds."""

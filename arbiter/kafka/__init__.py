@@ -78,6 +78,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from arbiter.edge.kafkaauth import PRINCIPALS, credentials_path
+from arbiter.edge.kafkaconn import ephemeral_ports, in_ephemeral_range
 from arbiter.edge.settings import Settings
 
 POM = Path(__file__).resolve().parent / "pom.xml"
@@ -296,6 +297,8 @@ class LocalKafka:
         self.root = (settings.home / "kafka").resolve()
         self.libs = self.root / "libs"
         self.nodes_file = self.root / "arbiter-nodes"
+        self._log_marks: dict[int, dict[str, int]] = {}
+        """Per node started by this ``up``, its logs' sizes before: where this start's lines begin."""
         if nodes is not None and not 1 <= nodes <= MAX_NODES:
             raise LocalKafkaError(f"a local Kafka runs 1 to {MAX_NODES} nodes, not {nodes}")
         self.nodes = nodes or self.recorded_nodes() or 1
@@ -679,8 +682,59 @@ class LocalKafka:
             self._write_config(node, passwords)
         self._format_if_new(java, "secure" if secure else "plain", passwords, down)
         options = self.client_options() if secure else {}
+        for node in down:
+            if in_ephemeral_range(node.port):
+                low, high = ephemeral_ports()
+                self.say(f"note: port {node.port} lies in this host's ephemeral range ({low}-{high}), where the "
+                         "kernel picks outgoing connections' source ports: another program's connection may hold "
+                         "it (Arbiter's clients never connect to themselves); a port below "
+                         f"{low} avoids that")
+        self._log_marks = {node.id: self._log_sizes(node) for node in down}
         started = {node.id: self._start(java, node) for node in down}
         return self._wait_ready(started, timeout, options=options)
+
+    @staticmethod
+    def _log_sizes(node: Node) -> dict[str, int]:
+        return {name: (node.logs / name).stat().st_size if (node.logs / name).exists() else 0
+                for name in ("server.log", "kafka.out")}
+
+    def first_error(self, node: Node) -> str:
+        """The first ERROR or FATAL line (with the lines that explain it) that ``node`` logged since this
+        ``up`` started it: the cause of a failed start, where the log's tail is its shutdown."""
+        marks = self._log_marks.get(node.id, {})
+        for name in ("server.log", "kafka.out"):
+            path = node.logs / name
+            if not path.exists():
+                continue
+            with path.open("rb") as f:
+                f.seek(marks.get(name, 0))
+                lines = f.read().decode(errors="replace").splitlines()
+            for i, line in enumerate(lines):
+                if " ERROR " in line or " FATAL " in line or "Exception" in line or "Address already in use" in line:
+                    cause = [line]
+                    for more in lines[i + 1:i + 8]:
+                        if more.startswith("[") and " INFO " in more:
+                            break
+                        cause.append(more)
+                    return "\n".join(cause)
+        return ""
+
+    def _exited(self, node: Node, code: int | None) -> LocalKafkaError:
+        """The error for a node that exited while starting: its first error of this start, not its log's tail."""
+        cause = self.first_error(node)
+        how = f"exited with code {code}" if code is not None else "exited"
+        first = cause.splitlines()[0] if cause else ""
+        bind = next((line for line in cause.splitlines() if "Address already in use" in line
+                     or "BindException" in line), "")
+        if bind:
+            summary = (f"the Kafka broker{self._label(node)} {how}: it could not bind its port "
+                       f"({node.port} or {node.controller_port}) because another socket holds it")
+        elif first:
+            summary = f"the Kafka broker{self._label(node)} {how}: {first.split('] ', 1)[-1][:300]}"
+        else:
+            summary = f"the Kafka broker{self._label(node)} {how}"
+        detail = (cause + "\n" if cause else "") + f"(the whole log: {node.logs / 'server.log'})"
+        return LocalKafkaError(summary, detail if cause else self.log_tail(node=node))
 
     def _start(self, java: str, node: Node) -> subprocess.Popen[bytes]:
         cmd = [
@@ -729,10 +783,9 @@ class LocalKafka:
                 if proc is not None and proc.poll() is not None:
                     node.pid_file.unlink(missing_ok=True)
                     self._stop([n for n in self.node_list if n.id in started and n.id != node.id], 30.0)
-                    raise LocalKafkaError(f"the Kafka broker{self._label(node)} exited with code {proc.returncode}",
-                                          self.log_tail(node=node))
+                    raise self._exited(node, proc.returncode)
                 if proc is None and self.pid_of(node) is None:
-                    raise LocalKafkaError(f"the Kafka broker{self._label(node)} exited", self.log_tail(node=node))
+                    raise self._exited(node, None)
             if self._cluster_answers(timeout=2.0, options=options):
                 if self.nodes == 1:
                     verb = "started" if started else "running"

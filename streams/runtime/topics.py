@@ -12,6 +12,7 @@ from aiokafka.errors import KafkaError
 from aiokafka.protocol.metadata import MetadataRequest
 
 from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.kafkaconn import started
 from arbiter.edge.settings import Settings
 
 TOPIC_CONFIG = {
@@ -60,39 +61,38 @@ async def ensure_topics(settings: Settings) -> list[TopicState]:
     are co-partitioned. An existing topic with another count would silently break that
     and is reported as an error rather than altered.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=15000,
-                                **kafka_client_options(settings))
-    await admin.start()
     try:
-        wanted = settings.topics.all()
-        existing = await _partition_counts(admin, wanted)
-        missing = [name for name in wanted if name not in existing]
-        if missing:
-            new = [
-                NewTopic(name, settings.partitions, settings.replication_factor,
-                         topic_configs=config_of(settings, name))
-                for name in missing
-            ]
-            response = await admin.create_topics(new, timeout_ms=15000)
-            for name, code, message in _topic_errors(response):
-                if code == 36:  # TOPIC_ALREADY_EXISTS: a concurrent create, or a broker that had not heard of it
-                    missing.remove(name)
-                elif code != 0:
-                    raise TopicError(f"creating {name} failed: error {code} {message or ''}".strip())
-            existing.update(await _wait_for_leaders(admin, [n for n in wanted if n not in existing]))
-        await _align_configs(admin, [n for n in wanted if n not in missing and n != settings.topics.registry])
-        wrong = {n: c for n, c in existing.items() if c != settings.partitions}
-        if wrong:
-            detail = ", ".join(f"{n} has {c}" for n, c in sorted(wrong.items()))
-            raise TopicError(
-                f"topics must all have {settings.partitions} partitions to stay co-partitioned, but {detail}; "
-                "set ARBITER_PARTITIONS to match, or recreate the topics"
-            )
-        return [TopicState(name, existing[name], name in missing) for name in wanted]
+        async with started(AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=15000,
+                                    **kafka_client_options(settings))) as admin:
+            wanted = settings.topics.all()
+            existing = await _partition_counts(admin, wanted)
+            missing = [name for name in wanted if name not in existing]
+            if missing:
+                new = [
+                    NewTopic(name, settings.partitions, settings.replication_factor,
+                             topic_configs=config_of(settings, name))
+                    for name in missing
+                ]
+                response = await admin.create_topics(new, timeout_ms=15000)
+                for name, code, message in _topic_errors(response):
+                    if code == 36:  # TOPIC_ALREADY_EXISTS: a concurrent create, or a broker that had not heard of it
+                        missing.remove(name)
+                    elif code != 0:
+                        raise TopicError(f"creating {name} failed: error {code} {message or ''}".strip())
+                existing.update(await _wait_for_leaders(admin, [n for n in wanted if n not in existing]))
+            await _align_configs(admin, [n for n in wanted if n not in missing and n != settings.topics.registry])
+            wrong = {n: c for n, c in existing.items() if c != settings.partitions}
+            if wrong:
+                detail = ", ".join(f"{n} has {c}" for n, c in sorted(wrong.items()))
+                raise TopicError(
+                    f"topics must all have {settings.partitions} partitions to stay co-partitioned, but {detail}; "
+                    "set ARBITER_PARTITIONS to match, or recreate the topics"
+                )
+            return [TopicState(name, existing[name], name in missing) for name in wanted]
     except KafkaError as exc:
+        if exc.retriable:
+            raise  # unreachable, or not ready yet: the caller's to retry or report, not a refusal
         raise TopicError(f"the broker at {settings.bootstrap} refused: {exc}") from exc
-    finally:
-        await admin.close()
 
 
 async def _wait_for_leaders(admin: AIOKafkaAdminClient, names: list[str], timeout: float = 30.0) -> dict[str, int]:
@@ -195,66 +195,92 @@ its keys' last values plus at most about a minute of changes, not every change s
 async def ensure_changelogs(settings: Settings, names: list[str]) -> None:
     """Create the processors' changelog topics that are missing (compacted, co-partitioned with
     the inputs); an existing one with another partition count is an error."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=15000,
-                                **kafka_client_options(settings))
-    await admin.start()
     try:
-        existing = await _partition_counts(admin, names)
-        missing = [n for n in names if n not in existing]
-        if missing:
-            response = await admin.create_topics(
-                [NewTopic(n, settings.partitions, settings.replication_factor,
-                          topic_configs={**CHANGELOG_CONFIG, **replication_config(settings)})
-                 for n in missing], timeout_ms=15000)
-            for name, code, message in _topic_errors(response):
-                if code not in (0, 36):
-                    raise TopicError(f"creating {name} failed: error {code} {message or ''}".strip())
-            await _wait_for_leaders(admin, missing)
-        wrong = {n: c for n, c in existing.items() if c != settings.partitions}
-        if wrong:
-            detail = ", ".join(f"{n} has {c}" for n, c in sorted(wrong.items()))
-            raise TopicError(f"changelog topics must have {settings.partitions} partitions, like their inputs, "
-                             f"but {detail}")
+        async with started(AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, request_timeout_ms=15000,
+                                    **kafka_client_options(settings))) as admin:
+            existing = await _partition_counts(admin, names)
+            missing = [n for n in names if n not in existing]
+            if missing:
+                response = await admin.create_topics(
+                    [NewTopic(n, settings.partitions, settings.replication_factor,
+                              topic_configs={**CHANGELOG_CONFIG, **replication_config(settings)})
+                     for n in missing], timeout_ms=15000)
+                for name, code, message in _topic_errors(response):
+                    if code not in (0, 36):
+                        raise TopicError(f"creating {name} failed: error {code} {message or ''}".strip())
+                await _wait_for_leaders(admin, missing)
+            wrong = {n: c for n, c in existing.items() if c != settings.partitions}
+            if wrong:
+                detail = ", ".join(f"{n} has {c}" for n, c in sorted(wrong.items()))
+                raise TopicError(f"changelog topics must have {settings.partitions} partitions, like their inputs, "
+                                 f"but {detail}")
     except KafkaError as exc:
+        if exc.retriable:
+            raise  # unreachable, or not ready yet: the caller's to retry or report, not a refusal
         raise TopicError(f"the broker at {settings.bootstrap} refused: {exc}") from exc
-    finally:
-        await admin.close()
 
 
 async def delete_topics_named(settings: Settings, prefixes: tuple[str, ...], batch: int = 500) -> int:
     """Delete every topic whose name starts with one of ``prefixes``; how many. For throwaway runs
     (tests, benchmarks): a broker that keeps every run's topics slows down and runs out of heap."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, **kafka_client_options(settings))
-    await admin.start()
-    try:
+    async with started(AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap,
+                                           **kafka_client_options(settings))) as admin:
         ours = sorted(t for t in await admin.list_topics() if t.startswith(prefixes))
         for start in range(0, len(ours), batch):
             await admin.delete_topics(ours[start:start + batch], timeout_ms=60_000)
         return len(ours)
-    finally:
-        await admin.close()
 
 
 async def group_session_bounds(settings: Settings) -> tuple[float, float] | None:
     """The session timeouts (seconds) the brokers accept from a consumer group, as
     (``group.min.session.timeout.ms``, ``group.max.session.timeout.ms``) of one broker; None when
     they cannot be read (a principal without DescribeConfigs on the cluster)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, **kafka_client_options(settings))
     try:
-        await admin.start()
-        brokers = (await admin.describe_cluster()).get("brokers") or []
-        if not brokers:
+        async with started(AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap,
+                                               **kafka_client_options(settings))) as admin:
+            brokers = (await admin.describe_cluster()).get("brokers") or []
+            if not brokers:
+                return None
+            node = str(min(b["node_id"] for b in brokers))
+            for response in await admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, node)]):
+                for resource in response.resources:
+                    entries = {row[0]: row[1] for row in resource[4]}
+                    low = entries.get("group.min.session.timeout.ms")
+                    high = entries.get("group.max.session.timeout.ms")
+                    if low is not None and high is not None:
+                        return int(low) / 1000, int(high) / 1000
             return None
-        node = str(min(b["node_id"] for b in brokers))
-        for response in await admin.describe_configs([ConfigResource(ConfigResourceType.BROKER, node)]):
-            for resource in response.resources:
-                entries = {row[0]: row[1] for row in resource[4]}
-                low = entries.get("group.min.session.timeout.ms")
-                high = entries.get("group.max.session.timeout.ms")
-                if low is not None and high is not None:
-                    return int(low) / 1000, int(high) / 1000
-        return None
     except (KafkaError, ValueError, TypeError, IndexError):
         return None
-    finally:
-        await admin.close()
+
+
+@dataclass(frozen=True)
+class TopicSize:
+    """One topic as ``arbiter topics list`` shows it."""
+
+    name: str
+    partitions: int
+    records: int
+    """Records still in the log (end offsets less first offsets, summed over partitions)."""
+
+
+async def topic_sizes(settings: Settings, prefix: str = "") -> list[TopicSize]:
+    """Every topic whose name starts with ``prefix`` (Kafka's own ``__`` topics left out), with its size."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async with started(AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap,
+                                           **kafka_client_options(settings))) as admin:
+        names = sorted(t for t in await admin.list_topics() if t.startswith(prefix) and not t.startswith("__"))
+        counts = await _partition_counts(admin, names) if names else {}
+    if not counts:
+        return []
+    async with started(AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
+                                        **kafka_client_options(settings))) as consumer:
+        tps = [TopicPartition(n, p) for n, c in counts.items() for p in range(c)]
+        ends, starts = await consumer.end_offsets(tps), await consumer.beginning_offsets(tps)
+    return [TopicSize(n, c, sum(ends[tp] - starts[tp] for tp in tps if tp.topic == n)) for n, c in counts.items()]
+
+
+def live_topics(settings: Settings) -> set[str]:
+    """The topics this configuration's workers use (its own set, and its changelogs' prefix)."""
+    return set(settings.topics.all())

@@ -32,8 +32,9 @@ A failure to produce or commit (a broker gone, a fenced producer) rewinds the ba
 partitions: their state is rebuilt from the changelog and their positions go back to the
 last committed offset, then the loop carries on. Nothing restarts the process.
 
-Time: a task sends one ``LockTick`` per owned resource partition every ``tick_interval_ms``,
-outside any transaction (its own producer).
+Time: every ``tick_interval_ms`` a task sends a ``LockTick`` into each owned resource partition
+where a deadline is due (``ResourceShell.next_due``), outside any transaction; an idle worker
+writes nothing.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from aiokafka.structs import ConsumerRecord
 
 from arbiter.edge.clock import now_ms
 from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.kafkaconn import close_client, describe
 from arbiter.edge.keys import anchors_for, signer_for
 from arbiter.edge.registryfeed import RegistryFeed
 from arbiter.edge.settings import Settings
@@ -61,7 +63,7 @@ from arbiter.schemas.identity import ACTIVE, ROLE_WORKER, Registry
 from arbiter.schemas.partitioning import partition_for
 from arbiter.schemas.reasons import Reason
 from arbiter.streams.runtime.common import TABLES, TableSpec, default_tools, failpoint, worker_id
-from arbiter.streams.runtime.topics import ensure_changelogs, ensure_topics, group_session_bounds
+from arbiter.streams.runtime.topics import TopicError, ensure_changelogs, ensure_topics, group_session_bounds
 from arbiter.streams.shells import Rules, ToolRunner
 from arbiter.streams.shells.pipeline import TICK_KEY, Pipeline, RawInput, input_topics, processor_of
 from arbiter.streams.shells.trust import Gate, LiveTrust
@@ -71,6 +73,10 @@ log = logging.getLogger("arbiter.worker")
 Output = tuple[str, bytes, bytes]
 """(topic, key, encoded value): one record to produce."""
 REPORT_S = 10.0
+STOP_BUDGET = 12.0
+"""Seconds a stopping worker spends settling and closing at most (README: SIGTERM exits within 15 s)."""
+EXIT_UNAVAILABLE = 3
+"""The worker's exit status when it could not start because Kafka did not answer."""
 BATCH_BYTES = 1024 * 1024
 """Most bytes per produced batch (per partition); a bigger output goes in a batch of its own."""
 
@@ -199,6 +205,7 @@ class Worker:
             on_detection=lambda d: log.warning("deadlock %s: victim %s, cycle %s", d.detection_id, d.victim,
                                                " -> ".join(d.cycle)), clock=now_ms)
         self.decided = 0
+        self._ticks = 0
         self.stats = _Stats()
         self._retries: set[asyncio.Task[None]] = set()
 
@@ -223,6 +230,64 @@ class Worker:
         if not settings.verify_signatures:
             log.warning("SIGNATURE VERIFICATION IS OFF (ARBITER_VERIFY_SIGNATURES=false): any client with topic "
                         "access can act as any agent. Development only.")
+        # Starting needs Kafka; a stop asked for meanwhile ends it (no broker: it would wait for ever).
+        starting = asyncio.ensure_future(self._start())
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            log.info("worker %s stopped before it was ready", self.me)
+            await self._close()
+            return
+        failed = starting.exception()
+        if failed is not None:
+            await self._close()
+            if isinstance(failed, TopicError):
+                log.error("worker %s could not start: %s", self.me, failed)
+                self.exit_code = 1
+            elif isinstance(failed, KafkaError | OSError | TimeoutError):
+                log.error("worker %s could not start: Kafka at %s: %s", self.me, settings.bootstrap,
+                          describe(failed))
+                self.exit_code = EXIT_UNAVAILABLE
+            else:
+                raise failed
+            return
+        ticker = asyncio.create_task(self._tick_forever(), name="arbiter-ticks")
+        lease = self.rules.leases
+        log.info("worker %s started: %s, signatures %s; rules: max ttl %g s, max wait %g s, lock order %s, id "
+                 "window %g s, policies %s; waiting for partitions from group %s", self.me,
+                 settings.processing_guarantee, "verified" if settings.verify_signatures else "NOT verified",
+                 lease.max_ttl_ms / 1000, lease.max_wait_ms / 1000, lease.lock_order, lease.id_window_ms / 1000,
+                 settings.policies, settings.app_id)
+        consuming = asyncio.ensure_future(self._consume())
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({consuming, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            ticker.cancel()
+            # A batch under way when the stop came (its sends waiting on an unreachable broker, say)
+            # gets a quarter of the stop budget to finish; then it is cut short, uncommitted.
+            if not consuming.done():
+                done, _pending = await asyncio.wait({consuming}, timeout=STOP_BUDGET / 4)
+                if not done:
+                    log.warning("the batch under way did not finish within %g s; stopping without it",
+                                STOP_BUDGET / 4)
+                    consuming.cancel()
+            for retry in list(self._retries):
+                retry.cancel()
+            await asyncio.gather(ticker, consuming, *self._retries, return_exceptions=True)
+            await self._close()
+        if not consuming.cancelled() and consuming.exception() is not None:
+            raise cast(BaseException, consuming.exception())
+
+    async def _start(self) -> None:
+        """Topics, registry, producers and the group membership: everything before the first batch."""
+        settings = self.settings
         await ensure_topics(settings)
         await ensure_changelogs(settings, [t.topic for t in self.tables.values()])
         await self.feed.start()
@@ -256,15 +321,6 @@ class Worker:
             max_partition_fetch_bytes=2 * settings.max_message_bytes, **self.kafka)
         self.consumer.subscribe(sorted(self.inputs), listener=_Listener(self))
         await self.consumer.start()
-        ticker = asyncio.create_task(self._tick_forever(), name="arbiter-ticks")
-        log.info("worker %s started: %s, signatures %s", self.me, settings.processing_guarantee,
-                 "verified" if settings.verify_signatures else "NOT verified")
-        try:
-            await self._consume()
-        finally:
-            ticker.cancel()
-            await asyncio.gather(ticker, return_exceptions=True)
-            await self._close()
 
     async def _session_timeouts(self) -> tuple[float, float]:
         """The session timeout (how long after a crash the group moves a worker's partitions: the
@@ -285,21 +341,24 @@ class Worker:
         self.stopping.set()
 
     async def _close(self) -> None:
+        """Settle the last batch and close every client, within ``STOP_BUDGET`` whatever Kafka's state:
+        what is not committed by then is decided again by the partitions' next owner (ids are
+        decided once)."""
+        started = time.monotonic()
         async with self.lock:
             try:
-                await self._settled()
-            except KafkaError as exc:
-                log.error("the last batch was not committed (it is decided again by the next owner): %s", exc)
+                await asyncio.wait_for(self._settled(), STOP_BUDGET / 4)
+            except (KafkaError, TimeoutError) as exc:
+                log.warning("the last batch was not committed (its next owner decides it again): %s",
+                            describe(exc))
             if self.consumer is not None:
-                await self.consumer.stop()  # leaves the group: the partitions move at once
-            for producer in [*self.transactional.values(), self.producer]:
-                if producer is not None:
-                    await producer.stop()
+                await close_client(self.consumer, STOP_BUDGET / 4)  # leaves the group: the partitions move at once
+            clients = [*self.transactional.values(), self.producer, self.restorer]
+            await asyncio.gather(*(close_client(c, STOP_BUDGET / 4) for c in clients if c is not None),
+                                 self.feed.stop())
             self.transactional.clear()
-            if self.restorer is not None:
-                await self.restorer.stop()
-            await self.feed.stop()
-        log.info("worker %s stopped after %d decisions", self.me, self.decided)
+        log.info("worker %s stopped after %d decisions (%.1f s to stop)", self.me, self.decided,
+                 time.monotonic() - started)
 
     async def _consume(self) -> None:
         assert self.consumer is not None
@@ -493,7 +552,7 @@ class Worker:
                 await self._settled()
             except KafkaError as exc:  # the next owner starts at the last commit, and decides the rest
                 log.error("the last batch before the rebalance was not committed: %s", exc)
-            log.info("rebalance: %d partitions revoked", len(revoked))
+            log.info("rebalance: %d partitions revoked (%s)", len(revoked), _names(revoked))
 
     async def assigned(self, assigned: set[TopicPartition]) -> None:
         """Called after a rebalance, before any input of the new assignment is decided: restore
@@ -512,7 +571,7 @@ class Worker:
             for tp in gone:
                 producer = self.transactional.pop(tp, None)
                 if producer is not None:
-                    await producer.stop()
+                    await close_client(producer)
             restore = set()
             for tp in assigned:
                 committed = await self.consumer.committed(tp)
@@ -532,7 +591,7 @@ class Worker:
                 retry.add_done_callback(self._retries.discard)
                 return
             self.owned = set(assigned)
-            log.info("Ready: %d partitions (%d restored from %d changelog records) in %.0f ms: %s",
+            log.info("ready: deciding %d partitions (%d restored from %d changelog records) in %.0f ms: %s",
                      len(assigned), len(restore), restored, (time.monotonic() - started) * 1000,
                      _names(assigned))
 
@@ -635,11 +694,9 @@ class Worker:
     # -- the clock --------------------------------------------------------------------
 
     async def _tick_forever(self) -> None:
-        """One tick per owned resource partition, every ``tick_interval_ms``: expiry goes through the log."""
-        settings = self.settings
-        topic = settings.topics.resource_commands
-        interval = settings.tick_interval_ms / 1000.0
-        count = 0
+        """Time through the log: every ``tick_interval_ms``, a ``LockTick`` into each owned resource partition
+        where a deadline is due (a lease's expiry, a waiter's time-out), and nowhere else: idle costs nothing."""
+        interval = self.settings.tick_interval_ms / 1000.0
         reported = time.monotonic()
         while True:
             await asyncio.sleep(interval)
@@ -647,21 +704,32 @@ class Worker:
                 reported = time.monotonic()
                 self.stats.report()
                 self.stats = _Stats()
-            owned = sorted(tp.partition for tp in self.owned if tp.topic == topic)
-            producer = self.producer
-            if producer is None:
+            if self.producer is None:
                 continue
-            for partition in owned:
-                count += 1
-                tick = LockTick(tick_id=f"{self.me}:{partition}:{count}", partition=partition, sent_at_ms=now_ms())
-                value = self.codec.encode(tick)
-                try:
-                    sent = await producer.send(topic, value, key=TICK_KEY, partition=partition,
-                                               headers=self.signer.sign(topic, TICK_KEY, value, now_ms()))
-                except KafkaError as exc:
-                    log.warning("tick for %s[%d] not sent: %s", topic, partition, exc)
-                    continue
-                sent.add_done_callback(_log_tick_failure)
+            async with self.lock:  # the deadline index is read between decisions, never during one
+                due = self._due_partitions()
+            for partition in due:
+                await self._send_tick(partition)
+
+    def _due_partitions(self) -> list[int]:
+        topic, now = self.settings.topics.resource_commands, now_ms()
+        owned = sorted(tp.partition for tp in self.owned if tp.topic == topic)
+        resource = self.pipeline.shells.resource
+        return [p for p in owned if (due := resource.next_due(p)) is not None and due <= now]
+
+    async def _send_tick(self, partition: int) -> None:
+        assert self.producer is not None
+        topic = self.settings.topics.resource_commands
+        self._ticks += 1
+        tick = LockTick(tick_id=f"{self.me}:{partition}:{self._ticks}", partition=partition, sent_at_ms=now_ms())
+        value = self.codec.encode(tick)
+        try:
+            sent = await self.producer.send(topic, value, key=TICK_KEY, partition=partition,
+                                            headers=self.signer.sign(topic, TICK_KEY, value, now_ms()))
+        except KafkaError as exc:
+            log.warning("tick for %s[%d] not sent: %s", topic, partition, exc)
+            return
+        sent.add_done_callback(_log_tick_failure)
 
 
 @dataclass
@@ -733,7 +801,7 @@ def _names(tps: set[TopicPartition]) -> str:
     return ", ".join(f"{tp.topic}[{tp.partition}]" for tp in sorted(tps)) or "nothing"
 
 
-def run_worker(settings: Settings, loglevel: str = "warning") -> None:
+def run_worker(settings: Settings, loglevel: str = "info") -> None:
     """``arbiter worker`` on the batched runtime."""
     logging.basicConfig(level=loglevel.upper(), format="[%(asctime)s] %(levelname)s %(name)s: %(message)s")
     logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -96,6 +96,7 @@ async def _command(door: Door, state: AgentState, session: Session, api_key: str
     """Check, sign and publish one of the agent's own commands; answer ``ack`` or ``error``."""
     try:
         _, identity = await door.identify(api_key)  # checked on every command: a revoked credential stops here
+        await door.refuse_if_unreachable()
         door.admit(state)
         record = from_json(command.record, AGENT_COMMANDS)
         why = authorize(identity, record)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
 
 from ..calls import Creds, agent, door_of
 
@@ -28,9 +29,21 @@ async def status(request: Request, credentials: Creds,
         return body
 
 
-@router.get("/healthz", summary="Liveness, for a load balancer (no key needed)")
+@router.get("/healthz", summary="Readiness, for a load balancer (no key needed)",
+            responses={503: {"description": "Not ready: Kafka does not answer, or no worker is in the group"}})
 async def healthz(request: Request) -> Any:
-    """The door's id, its agents and sessions."""
+    """200 when this door can serve: Kafka answers and a worker is in the workers' group; else 503
+    with ``why`` and ``Retry-After``. With the door's id, its agents and sessions."""
     door = door_of(request)
-    return {"door": door.id, "agents": len({s.name for s in door.agents.values()}),
+    ready = await door.readiness.check()
+    body = {**ready.body(), "door": door.id, "agents": len({s.name for s in door.agents.values()}),
             "sessions": sum(len(s.sessions) for s in door.agents.values())}
+    if not ready.ready:
+        return JSONResponse(body, status_code=503, headers={"Retry-After": "1"})
+    return body
+
+
+@router.get("/livez", summary="Liveness (no key needed): 200 while the door's process serves")
+async def livez(request: Request) -> Any:
+    """The door's id; says nothing about Kafka (``/healthz`` does)."""
+    return {"door": door_of(request).id, "live": True}

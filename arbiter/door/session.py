@@ -77,9 +77,17 @@ def receive(phase: Phase, text: str | None) -> Inbound:
     if phase is Phase.AUTH:
         if isinstance(frame, dict) and frame.get("op") == "auth" and isinstance(frame.get("api_key"), str):
             return Auth(frame["api_key"])
-        return Reply(error(None, 401, "unauthenticated", "a session starts with an Authorization header, or with a "
-                           'first frame {"op": "auth", "api_key": "<API key>"} (a JSON object, sent as text)'),
-                     refuse=True)
+        if text is None:
+            wrong = "no Authorization header and the first frame is not text"
+        elif not isinstance(frame, dict):
+            wrong = "no Authorization header and the first frame is not a JSON object"
+        elif frame.get("op") != "auth":
+            wrong = f"no Authorization header and the first frame's op is {frame.get('op')!r}, not 'auth'"
+        else:
+            wrong = "the auth frame has no api_key string"
+        return Reply(error(None, 401, "unauthenticated", f"{wrong}: a session starts with an Authorization header, "
+                           'or with a first frame {"op": "auth", "api_key": "<API key>"} (a JSON object, sent as '
+                           "text)"), refuse=True)
     if not isinstance(frame, dict):
         return Reply(error(None, 422, "malformed_json", "a frame is one JSON object, sent as text"))
     op = frame.get("op")

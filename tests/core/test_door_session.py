@@ -10,11 +10,13 @@ from arbiter.door.session import Auth, Command, Phase, Reply, Session, receive
 
 def test_a_session_without_a_header_starts_with_an_auth_frame_and_nothing_else() -> None:
     assert receive(Phase.AUTH, '{"op": "auth", "api_key": "arb2.x.y"}') == Auth("arb2.x.y")
-    for text in ("not json", '{"op": "send"}', '{"op": "auth"}', '["auth"]', None):
+    cases = {"not json": "not a JSON object", '["auth"]': "not a JSON object", None: "not text",
+             '{"op": "send"}': "op is 'send'", '{"op": "auth"}': "no api_key"}
+    for text, wrong in cases.items():
         answer = receive(Phase.AUTH, text)
         assert isinstance(answer, Reply) and answer.refuse, text
         assert answer.frame["status"] == 401 and '"op": "auth"' in answer.frame["detail"], text
-        assert "Authorization header" in answer.frame["detail"]
+        assert wrong in answer.frame["detail"], (text, answer.frame["detail"])
 
 
 def test_an_open_session_takes_commands_and_pings_and_names_what_is_wrong_with_anything_else() -> None:

@@ -223,3 +223,36 @@ async def test_without_the_admin_key_the_audit_says_what_to_set(kafka_settings: 
     stranger = settings.model_copy(update={"admin_public_keys": Signer.generate("admin").public_text()})
     report = await audit(log, stranger)
     assert report["verdict"] == "fail" and len(_authenticated(report)) > 5
+
+
+async def test_a_checkpointed_audit_of_the_live_topics_resumes_with_the_whole_registry(
+        kafka_settings: Settings, worker: WorkerPool, tmp_path: Path) -> None:
+    """The resumed audit reads the live topics from the checkpoint on, but the registry whole: with it
+    read from the checkpoint too, every signed input re-derived as refused and the audit failed."""
+    settings = kafka_settings
+    env = {"ARBITER_HOME": str(settings.home), "ARBITER_PARTITIONS": str(settings.partitions),
+           "ARBITER_BOOTSTRAP": settings.bootstrap,
+           **{"ARBITER_TOPICS__" + name.upper(): topic for name, topic in settings.topics.model_dump().items()}}
+    checkpoint = tmp_path / "audit.ckpt"
+
+    async def leases(resource: str) -> None:
+        async with ArbiterClient("carol", settings) as carol:
+            for _ in range(3):
+                async with carol.lease(resource, ttl=30):
+                    await asyncio.sleep(0.02)
+        await _settled_log(settings)
+
+    await leases("doc:before")
+    first = await _cli(env, "audit", "--checkpoint", str(checkpoint))
+    assert first.exit_code == 0 and "checkpoint written" in first.output, first.output
+    again = await _cli(env, "audit", "--checkpoint", str(checkpoint))  # nothing new
+    assert again.exit_code == 0 and "resumed from a checkpoint" in again.output, again.output
+    await leases("doc:after")  # new inputs, by an agent issued a key after the checkpoint was made
+    async with ArbiterClient("dave", settings) as dave, dave.lease("doc:after", ttl=30):
+        pass
+    resumed = await _cli(env, "audit", "--checkpoint", str(checkpoint), "--json")
+    assert resumed.exit_code == 0, resumed.output
+    report = json.loads(resumed.stdout)
+    whole = await audit(await read_log(settings), settings)
+    assert report["verdict"] == whole["verdict"] == "pass", _problems(report)
+    assert report["stats"]["grants"] == whole["stats"]["grants"] >= 7, (report["stats"], whole["stats"])

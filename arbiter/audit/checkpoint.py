@@ -201,12 +201,15 @@ class Checkpoint:
             raise CheckpointError(f"the checkpoint was made for {self.partitions} partitions per topic, not "
                                   f"{settings.partitions} (ARBITER_PARTITIONS)")
 
-    def since(self) -> dict[tuple[str, int], int]:
-        """Where to read each partition from: its last audited message (to prove continuity), or the start."""
+    def since(self, registry: str) -> dict[tuple[str, int], int]:
+        """Where to read each partition from: its last audited message (to prove continuity), or the start.
+        The ``registry`` topic is read whole (the slice leaves it out: it is compacted, and every
+        identity in it decides how an input verifies)."""
         out = {}
         for where, offset in self.through.items():
             topic, partition = _split(where)
-            out[topic, partition] = max(0, offset - 1)
+            if topic != registry:
+                out[topic, partition] = max(0, offset - 1)
         return out
 
     def continue_with(self, fresh: Log, settings: Settings) -> tuple[Log, frozenset[str]]:

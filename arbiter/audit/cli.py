@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -27,8 +29,14 @@ def _writable(path: Path) -> Path:
     """``path``, once it is known that it can be written (before the long work that ends in writing it)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a", encoding="utf-8"):
-            pass
+        if path.exists():
+            if path.is_dir() or not os.access(path, os.W_OK):
+                raise PermissionError(13, "it is a directory" if path.is_dir() else "not writable")
+        else:
+            # Try the folder with a file of our own, so that nothing is left at ``path`` (an empty
+            # checkpoint or report would look like a broken one) if the work fails.
+            with tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", delete=True):
+                pass
     except OSError as exc:
         _fail(f"cannot write {path}: {exc.strerror or exc}")
     return path
@@ -132,7 +140,8 @@ def audit(ctx: click.Context, archive: Path | None, as_json: bool, html_path: Pa
                 resume.check_settings(settings)
             except (CheckpointError, TrustAnchorsMissing) as exc:
                 _fail(f"{checkpoint_path}: {exc}")
-    log = load_log(settings, archive, quiet=as_json, since=resume.since() if resume and archive is None else None)
+    since = resume.since(settings.topics.registry) if resume is not None and archive is None else None
+    log = load_log(settings, archive, quiet=as_json, since=since)
     settings = _settings_for(ctx, log)
     if resume is not None:
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import time
 import uuid
@@ -63,7 +64,9 @@ from arbiter.schemas import (
 from arbiter.schemas.identity import Signer
 from arbiter.schemas.reasons import Reason, what_to_do
 
-Replan = Callable[[Outcome], Awaitable[tuple[int, dict[str, Any]] | None]]
+Plan = tuple[int, dict[str, Any]] | None
+Replan = Callable[[Outcome], Plan | Awaitable[Plan]]
+"""``replan(outcome)``, a plain function or a coroutine: the new ``(base_version, patch)``, or None to give up."""
 
 
 class AcquireOptions(TypedDict, total=False):
@@ -563,12 +566,15 @@ class ArbiterClient:
         return await self.execute(lease or resource, "commit", {"patch": patch}, base_version=base_version,
                                   intent_id=intent_id)
 
-    async def snapshot(self, resource: str, timeout: float = 10.0) -> Snapshot:
-        """The resource's current version, content hash and live holders. A refusal (a resource outside
+    async def snapshot(self, resource: str, timeout: float = 10.0, *, content: bool = False) -> Snapshot:
+        """The resource's current version, content hash and live holders; with ``content=True`` also
+        its content (``Snapshot.content``: a document's revision and body, an account's balance), read
+        in the resource's order, so it is the content at that version. A refusal (a resource outside
         the agent's prefixes: ``forbidden``) raises ``LeaseDenied`` with the JSON diagnostic."""
         request_id = _new_id()
         event = await self._call(resource, SnapshotRequested(
             request_id=request_id, agent_id=self.agent_id, resource=resource, sent_at_ms=now_ms(),
+            with_content=content,
         ), request_id, timeout, (ResourceSnapshot, LockDenied))
         if isinstance(event, LockDenied):
             raise LeaseDenied.from_event(event)  # e.g. forbidden: the resource is outside the agent's prefixes
@@ -586,7 +592,9 @@ class ArbiterClient:
         outcome = await self.commit(resource, base_version, patch, lease=lease)
         attempts = 1
         while outcome.conflict and attempts < max_attempts:
-            plan = await replan(outcome)
+            plan = replan(outcome)
+            if inspect.isawaitable(plan):
+                plan = await plan
             if plan is None:
                 break
             base_version, patch = plan

@@ -51,16 +51,20 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """A resource's version, hash and live holders at one point of its order."""
+    """A resource's version, hash and live holders at one point of its order; with ``content=True``
+    also its content as the worker's tools keep it (a document's ``body``, an account's ``balance``),
+    None when they keep none."""
 
     resource: str
     version: int
     content_hash: str
     high_water_token: int
     holders: list[dict[str, Any]]
+    content: Any = None
 
     @classmethod
     def from_event(cls, event: ResourceSnapshot) -> Snapshot:
         """The snapshot an inbox event carries."""
+        content = json.loads(event.content_json) if event.content_json is not None else None
         return cls(event.resource, event.version, event.content_hash, event.high_water_token,
-                   [h.model_dump() for h in event.holders])
+                   [h.model_dump() for h in event.holders], content)

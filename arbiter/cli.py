@@ -476,8 +476,10 @@ def _register_late_commands() -> None:
     from .chaos import chaos
     from .demo import demo
     from .identitycli import agents, saga
+    from .ledgercli import ledger
 
     main.add_command(demo)
+    main.add_command(ledger)
     main.add_command(chaos)
     main.add_command(agents)
     main.add_command(saga)

@@ -164,6 +164,9 @@ def through_pipeline(waiters: int, rounds: int = 1_000) -> Callable[[], float]:
         async def run(self, intent: Any, arguments: Any) -> Any:
             raise AssertionError("no tools here")
 
+        async def read(self, request: Any) -> Any:
+            return None
+
     async def run_async() -> float:
         tables: dict[str, dict[bytes, Any]] = {"books": {}, "contents": {}, "graphs": {}, "sagas": {}}
         pipeline = Pipeline(Rules(), settings.topics, settings.partitions, tables, _NoTools(), codec, quiet=True)

@@ -341,7 +341,7 @@ class ToolRejected(Record):
 
 
 class SnapshotRequested(Record):
-    """An agent asks for a resource's current version, hash and holders."""
+    """An agent asks for a resource's current version, hash and holders, and, when it says so, its content."""
 
     AVRO_NAME: ClassVar[str] = "arbiter.tool.SnapshotRequested"
 
@@ -349,6 +349,7 @@ class SnapshotRequested(Record):
     agent_id: str
     resource: str
     sent_at_ms: int
+    with_content: bool = False
 
 
 class ResourceSnapshot(Record):
@@ -365,6 +366,7 @@ class ResourceSnapshot(Record):
     holders: list[Holder]
     decided_at_ms: int
     cause: Cause
+    content_json: str | None = None
 
 
 # -- wait-for graph ----------------------------------------------------------------

@@ -18,7 +18,7 @@ from arbiter.schemas.partitioning import key_for_partition
 from arbiter.streams.runtime.topics import ensure_topics
 from arbiter.streams.tools.ledger import Ledger
 
-from .conftest import fresh_postgres_schema, isolated_settings
+from .conftest import assert_clean_audit, fresh_postgres_schema, isolated_settings
 
 pytestmark = pytest.mark.kafka
 
@@ -117,6 +117,34 @@ async def test_occ_conflict_rebases_and_the_retry_succeeds(
     assert diagnostic["reason"] == "version_conflict"
     assert [c["arguments"] for c in diagnostic["changes_since_base"]] == [{"patch": {"title": "Arbiter"}}]
     assert ledger.document(doc) == (2, {"title": "Arbiter", "intro": "Leases and fencing tokens"})
+
+
+async def test_a_snapshot_with_content_reads_the_document_and_the_balance_in_order(
+    gateway: tuple[Settings, Ledger], clients: dict[str, ArbiterClient]
+) -> None:
+    _settings, ledger = gateway
+    alpha, beta = clients["alpha"], clients["beta"]
+    doc = "doc:read-me"
+    empty = await alpha.snapshot(doc, content=True)
+    assert empty.version == 0 and empty.content is None
+    assert (await alpha.snapshot(doc)).content is None  # not asked: not read
+    first = await beta.commit(doc, 0, {"title": "Arbiter", "parts": {"a": 1}})
+    assert first.applied
+    # Sent right after the commit's decision: read after it in the resource's order, never before.
+    seen = await alpha.snapshot(doc, content=True)
+    assert seen.version == 1
+    assert seen.content == {"document": doc, "revision": 1, "body": {"title": "Arbiter", "parts": {"a": 1}}}
+
+    def replan(conflict: Outcome) -> tuple[int, dict[str, Any]]:  # a plain function is a replan too
+        return conflict.diagnostic["current"]["version"], {"parts": {"b": 2}}
+
+    assert (await alpha.commit_rebasing(doc, 0, {"parts": {"b": 2}}, replan)).applied
+    body = (await beta.snapshot(doc, content=True)).content
+    assert body is not None and body["body"] == {"title": "Arbiter", "parts": {"a": 1, "b": 2}}
+    assert ledger.document(doc) == (2, body["body"])
+    account = await alpha.snapshot("account:c", content=True)
+    assert account.content == {"account": "c", "balance": ledger.balances()["c"]}
+    await assert_clean_audit(_settings)  # the audit re-derives each answer with the content it recorded
 
 
 async def test_a_duplicate_intent_executes_once(

@@ -42,7 +42,9 @@ from arbiter.schemas import (
     LockRevokeRequested,
     LockTick,
     Record,
+    ResourceSnapshot,
     SagaStep,
+    SnapshotRequested,
     ToolApplied,
     ToolIntent,
     ToolRejected,
@@ -84,6 +86,11 @@ class RecordedTools:
             elif isinstance(record, ToolRejected) and record.reason == "tool_failed":
                 error = str(json.loads(record.diagnostic_json).get("error", ""))
                 self._outcomes.setdefault(record.intent_id, ToolOutcome(False, error=error))
+        self._contents: dict[tuple[str, str], str | None] = {}
+        for entry in log.of(log.topics.agent_inbox):
+            record = entry.record
+            if isinstance(record, ResourceSnapshot):
+                self._contents.setdefault((record.agent_id, record.request_id), record.content_json)
 
     def names(self) -> frozenset[str]:
         """Registered tool names."""
@@ -101,6 +108,10 @@ class RecordedTools:
         if self.simulated:
             return ToolOutcome(True, json.dumps({"simulated": True}))
         return ToolOutcome(False, error="no outcome recorded in the log")
+
+    async def read(self, request: SnapshotRequested) -> str | None:
+        """The content the log recorded in the answer to ``request`` (a store's state is not a decision)."""
+        return self._contents.get((request.agent_id, request.request_id))
 
 
 def rules_of(log: Log, settings: Settings) -> tuple[Rules, list[str]]:

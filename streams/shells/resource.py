@@ -77,6 +77,9 @@ class ToolRunner(Protocol):
     async def run(self, intent: ToolIntent, arguments: Any) -> ToolOutcome:
         """Run the tool."""
 
+    async def read(self, request: SnapshotRequested) -> str | None:
+        """The resource's content as JSON, as its tools keep it; None when they keep none."""
+
 
 @dataclass
 class ResourceShell:
@@ -182,13 +185,15 @@ class ResourceShell:
         book = self.books.get(key) or new_book(resource)
         content = self.contents.get(key) or ContentState(resource)
         live = [h for h in book.holders.values() if h.expires_at_ms > now_ms]
+        # Read in the resource's order: every tool run decided before this request has applied.
+        content_json = await self.tools.read(request) if request.with_content else None
         await self.send(self.routes.agent_inbox, request.agent_id.encode(), ResourceSnapshot(
             request_id=request.request_id, agent_id=request.agent_id, resource=resource, version=content.version,
             content_hash=content.content_hash, high_water_token=book.last_token,
             holders=[Holder(agent_id=h.agent_id, request_id=h.request_id,
                             token=0 if self.hide_tokens and h.agent_id != request.agent_id else h.token,
                             mode=h.mode, expires_at_ms=h.expires_at_ms) for h in live],
-            decided_at_ms=now_ms, cause=cause,
+            decided_at_ms=now_ms, cause=cause, content_json=content_json,
         ))
 
     async def tick(self, tick: LockTick, now_ms: int, cause: Cause) -> int:

@@ -281,7 +281,22 @@ def _move(cur: Any, source: str, target: str, amount: int) -> int:
 
 
 def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
-    """Register refund, reverse_refund, transfer and commit against ``ledger``."""
+    """Register refund, reverse_refund, transfer and commit against ``ledger``, and its reader."""
+
+    @registry.reader
+    async def read(resource: str) -> dict[str, Any] | None:
+        """An account's balance, or a document's revision and body; None for anything else."""
+        prefix, _, name = resource.partition(":")
+
+        def work(cur: Any) -> dict[str, Any] | None:
+            if prefix == "account" and name:
+                rows = cur.run("SELECT balance FROM accounts WHERE id = ?", (name,))
+                return {"account": name, "balance": int(rows[0][0])} if rows else None
+            rows = cur.run("SELECT revision, body FROM documents WHERE id = ?", (resource,))
+            return {"document": resource, "revision": int(rows[0][0]), "body": json.loads(rows[0][1])} \
+                if rows else None
+
+        return await ledger.call(work)
 
     @registry.register("refund", RefundArgs, compensation="reverse_refund")
     async def refund(call: ToolCall) -> dict[str, Any]:

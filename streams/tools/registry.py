@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from arbiter.schemas import ToolIntent
+from arbiter.schemas import SnapshotRequested, ToolIntent
 from arbiter.streams.cores.gateway import ToolOutcome
 
 
@@ -42,11 +42,37 @@ class Tool:
     doc: str = ""
 
 
+MAX_CONTENT_BYTES = 512 * 1024
+"""The largest content a snapshot carries (its inbox message stays under Kafka's default 1 MB)."""
+
+Reader = Callable[[str], Awaitable[Any]]
+"""A resource's content as its tools keep it (JSON-able), or None when they keep none."""
+
+
 class ToolRegistry:
-    """The tools a worker can run."""
+    """The tools a worker can run, and how to read what they keep."""
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
+        self._reader: Reader | None = None
+
+    def reader(self, fn: Reader) -> Reader:
+        """Decorator: ``fn(resource)`` reads a resource's content for snapshots that ask for it."""
+        self._reader = fn
+        return fn
+
+    async def read(self, request: SnapshotRequested) -> str | None:
+        """The resource's content as JSON; None when no reader keeps it, or it is over ``MAX_CONTENT_BYTES``."""
+        if self._reader is None:
+            return None
+        try:
+            content = await self._reader(request.resource)
+        except Exception:  # a store's fault must not take the partition down: the answer says nothing
+            return None
+        if content is None:
+            return None
+        text = json.dumps(content, sort_keys=True, default=str)
+        return text if len(text.encode()) <= MAX_CONTENT_BYTES else None
 
     def register(self, name: str, arguments: type[BaseModel], *, compensation: str | None = None
                  ) -> Callable[[ToolFn], ToolFn]:

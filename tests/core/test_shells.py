@@ -51,6 +51,9 @@ class _Tools:
     async def run(self, intent: object, arguments: object) -> ToolOutcome:
         return ToolOutcome(True, "{}")
 
+    async def read(self, request: object) -> str | None:
+        return '{"body": {}}'
+
 
 def _records() -> st.SearchStrategy[Record]:
     """Any well-typed record of any model, with values the schema allows (absurd ones included)."""

@@ -30,10 +30,13 @@ async def commit(body: CommitBody, request: Request, credentials: Creds) -> Any:
             intent_id=body.intent_id))
 
 
-@router.get("/v1/resources/{resource:path}", summary="A resource's version, hash and holders")
-async def snapshot(resource: str, request: Request, credentials: Creds) -> Any:
-    """The resource as its decision order stands; 403 outside the agent's prefixes."""
+@router.get("/v1/resources/{resource:path}", summary="A resource's version, hash, holders and content")
+async def snapshot(resource: str, request: Request, credentials: Creds, content: bool = False) -> Any:
+    """The resource as its decision order stands; ``?content=true`` adds its content (a document's
+    revision and body, an account's balance; null when the tools keep none). 403 outside the agent's
+    prefixes."""
     async with agent(request, credentials) as state:
-        snap = await state.client.snapshot(resource)
-        return {"resource": snap.resource, "version": snap.version, "content_hash": snap.content_hash,
-                "high_water_token": snap.high_water_token, "holders": snap.holders}
+        snap = await state.client.snapshot(resource, content=content)
+        answer = {"resource": snap.resource, "version": snap.version, "content_hash": snap.content_hash,
+                  "high_water_token": snap.high_water_token, "holders": snap.holders}
+        return {**answer, "content": snap.content} if content else answer

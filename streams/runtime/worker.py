@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
-from aiokafka.errors import KafkaError
+from aiokafka.errors import KafkaError, ProducerFenced
 from aiokafka.structs import ConsumerRecord
 
 from arbiter.edge.clock import now_ms
@@ -184,6 +184,9 @@ class Worker:
         """Each input topic's tables (their changelog partitions follow the input's)."""
         self.generation = 0
         self.owned: set[TopicPartition] = set()
+        self.revoking: set[TopicPartition] = set()
+        """Partitions revoked, until the rebalance assigns again: none of their inputs is decided meanwhile,
+        and a transaction of one that fails was fenced by the next owner (it is not rewound here)."""
         self.next: dict[TopicPartition, int] = {}
         """Per owned partition, the offset after the last input decided and committed."""
         self.decided_to: dict[TopicPartition, int] = {}
@@ -474,7 +477,9 @@ class Worker:
             records = batch[tp]
             if not records or tp not in assigned:
                 continue
-            if tp not in self.owned:
+            if tp not in self.owned or tp in self.revoking:
+                # Not ours (yet), or being revoked (fetched before the rebalance): left for its owner,
+                # from where this fetch began.
                 self.consumer.seek(tp, records[0].offset)
                 continue
             expected = self.decided_to.get(tp, -1)
@@ -501,9 +506,20 @@ class Worker:
             await producer.commit_transaction()
             self.stats.add(len(records), len(outputs), t1 - t0, t2 - t1, time.perf_counter() - t2)
         except KafkaError as exc:
+            assert self.consumer is not None
+            if tp in self.revoking or tp not in self.consumer.assignment():
+                # Revoked while it was in flight, and fenced by the next owner: that one starts from the last
+                # commit. Rewinding here would fence it back (a fenced producer cannot even abort).
+                log.info("the transaction for %s ended with the partition's revocation (%s); its next owner "
+                         "decides it again", _names({tp}), exc)
+                if self.transactional.get(tp) is producer:
+                    del self.transactional[tp]
+                await close_client(producer)
+                return
             log.error("the transaction for %s failed (%s); rewinding it to the last commit", _names({tp}), exc)
-            with contextlib.suppress(KafkaError):
-                await producer.abort_transaction()
+            if not isinstance(exc, ProducerFenced):  # a fenced producer is in a fatal state: abort refuses
+                with contextlib.suppress(KafkaError):
+                    await producer.abort_transaction()
             await self._rewind({tp})
             return
         self.next[tp] = self.decided_to[tp] = offset
@@ -548,6 +564,7 @@ class Worker:
     async def revoked(self, revoked: set[TopicPartition]) -> None:
         """Called before a rebalance: the batch in flight finishes (and commits) first."""
         async with self.lock:
+            self.revoking = set(revoked)  # until the assignment: nothing of them is decided meanwhile
             try:
                 await self._settled()
             except KafkaError as exc:  # the next owner starts at the last commit, and decides the rest
@@ -559,6 +576,7 @@ class Worker:
         the state of every partition this worker did not hold, from its changelog."""
         assert self.consumer is not None
         async with self.lock:
+            self.revoking = set()
             with contextlib.suppress(KafkaError):
                 await self._settled()  # (revoked did it, unless this worker's first assignment)
             started = time.monotonic()

@@ -306,13 +306,15 @@ class Mallory:
                                   cycle_json=json.dumps(cycle), message="you are the victim: abort your saga",
                                   saga_id=self.sagas().get(self.ring_victim), decided_at_ms=now_ms(),
                                   cause=Cause(topic=t.wait_edges, partition=0, offset=0))
-        before, deadlocks = ring.forged_messages, len(ring.deadlocks)
+        before = ring.forged_messages
         where = await self._send(t.agent_inbox, self.ring_victim.encode(), notice,
                                  Signer(ROLE_WORKER, mine.private_key),
                                  partition=partition_for(self.ring_victim.encode(), self.settings.partitions))
+        # The ring's real deadlock may be detected meanwhile: what must not be there is this notice.
         await self._dropped_by_sdk(
             Attempt(f"forged DeadlockDetected into {self.ring_victim}'s inbox, posing as worker", DROPPED),
-            where, ring, before, lambda: len(ring.deadlocks) == deadlocks)
+            where, ring, before,
+            lambda: all(d.detection_id != notice.detection_id for d in ring.deadlocks))
 
         # What only the workers and the operator send.
         edge = WaitEdgeAdded(edge_id=_id(f"lock|{ROGUE}|{agent}"), waiter=ROGUE, holder=agent, source="lock",

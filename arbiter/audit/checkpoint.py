@@ -212,6 +212,13 @@ class Checkpoint:
                 out[topic, partition] = max(0, offset - 1)
         return out
 
+    def slice_entries(self) -> list[Entry]:
+        """The slice's messages, parsed once."""
+        cached: list[Entry] | None = self.__dict__.get("_entries")
+        if cached is None:
+            cached = self.__dict__["_entries"] = [from_line(line) for line in self.slice_lines]
+        return cached
+
     def continue_with(self, fresh: Log, settings: Settings) -> tuple[Log, frozenset[str]]:
         """The log to audit: the slice, then ``fresh``'s messages after ``through`` (``fresh`` read from
         ``since()``, or a whole archive); and the slice's positions. ``CheckpointError`` when ``fresh``
@@ -220,8 +227,7 @@ class Checkpoint:
         log = Log(fresh.topics, source=fresh.source, partition_count=fresh.partition_count,
                   archived_rules=fresh.archived_rules)
         kept: set[str] = set()
-        for line in self.slice_lines:
-            entry = from_line(line)
+        for entry in self.slice_entries():
             if entry.topic == registry:
                 continue  # the registry is read again whole (compacted: its old records may be gone)
             log.add(entry)
@@ -244,8 +250,7 @@ class Checkpoint:
             topic, partition = _split(where)
             if topic != registry and through > 0 and (topic, partition) not in fresh.partitions:
                 raise CheckpointError(f"the log has no messages in {where}, where the checkpoint audited {through}")
-        for entries in log.partitions.values():
-            entries.sort(key=lambda e: e.offset)
+        log.sort_partitions()
         self._slice = frozenset(kept)
         return log, self._slice
 
@@ -254,16 +259,14 @@ class Checkpoint:
         registry = like.topics.registry
         log = Log(like.topics, source=like.source, partition_count=like.partition_count,
                   archived_rules=like.archived_rules)
-        for line in self.slice_lines:
-            entry = from_line(line)
+        for entry in self.slice_entries():
             if entry.topic != registry:
                 log.add(entry)
         for (topic, _partition), entries in like.partitions.items():
             if topic == registry:
                 for entry in entries:
                     log.add(entry)
-        for entries in log.partitions.values():
-            entries.sort(key=lambda e: e.offset)
+        log.sort_partitions()
         return log
 
     def restore(self, engine: Engine) -> Engine:
@@ -283,11 +286,14 @@ class Checkpoint:
         codec = default_codec(settings.max_message_bytes)
         out: list[tuple[Entry, list[Output]]] = []
         again = frozenset(self.redecide)
+        decoded = self.__dict__.setdefault("_decoded", {})  # each decision decoded once, however often asked
         for _tp, entries in sorted(log.partitions.items()):
             for entry in entries:
                 outputs = self.decided.get(entry.where)
                 if outputs is not None and not (settled_only and entry.where in again):
-                    out.append((entry, [(t, _unb64(k), codec.decode(_unb64(v))) for t, k, v in outputs]))
+                    if entry.where not in decoded:
+                        decoded[entry.where] = [(t, _unb64(k), codec.decode(_unb64(v))) for t, k, v in outputs]
+                    out.append((entry, decoded[entry.where]))
         return out
 
 

@@ -85,6 +85,14 @@ class Log:
     """Partitions per topic (the processors' partitioner needs it to replay ticks)."""
     archived_rules: list[str] = field(default_factory=list)
     """Rules an archive's header names (``rules_json`` of the workers that wrote the log)."""
+    _unordered: set[tuple[str, int]] = field(default_factory=set, repr=False, compare=False)
+    """Partitions ``add`` was given out of offset order (until ``sort_partitions``)."""
+
+    def sort_partitions(self) -> None:
+        """Put every partition in offset order."""
+        for entries in self.partitions.values():
+            entries.sort(key=_offset_of)
+        self._unordered.clear()
 
     def announced_rules(self) -> list[str]:
         """Every distinct set of rules the workers announced (``WorkerStarted``), first seen first."""
@@ -101,7 +109,10 @@ class Log:
 
     def add(self, entry: Entry) -> None:
         """Append one message to its partition."""
-        self.partitions.setdefault((entry.topic, entry.partition), []).append(entry)
+        entries = self.partitions.setdefault((entry.topic, entry.partition), [])
+        if entries and entries[-1].offset >= entry.offset:
+            self._unordered.add((entry.topic, entry.partition))
+        entries.append(entry)
 
     def of(self, topic: str) -> Iterator[Entry]:
         """Every message of ``topic``, partition by partition, each in offset order."""
@@ -133,10 +144,12 @@ class Log:
         index = offset - entries[0].offset
         if 0 <= index < len(entries) and entries[index].offset == offset:
             return entries[index]
+        if (topic, partition) in self._unordered:
+            return next((e for e in entries if e.offset == offset), None)  # a partition not in offset order
         index = bisect_left(entries, offset, key=_offset_of)
         if index < len(entries) and entries[index].offset == offset:
             return entries[index]
-        return next((e for e in entries if e.offset == offset), None)  # a partition not in offset order
+        return None
 
 
 def _offset_of(entry: Entry) -> int:
@@ -324,8 +337,7 @@ def parse_archive(lines: Iterable[str], source: str) -> Log:
             raise ValueError(f"{source}:{number}: {exc}") from exc
     if log is None:
         raise ValueError(f"{source}: empty archive")
-    for entries in log.partitions.values():
-        entries.sort(key=lambda e: e.offset)
+    log.sort_partitions()
     return log
 
 

@@ -15,11 +15,12 @@ from aiokafka.errors import KafkaError
 
 from arbiter.agents.identities import ensure_identity
 from arbiter.edge.kafkaauth import kafka_client_options
-from arbiter.edge.kafkaconn import describe
 from arbiter.edge.settings import Settings
 from arbiter.schemas.identity import IdentityError
 from arbiter.streams.runtime.topics import TopicError, delete_topics_named, ensure_topics, live_topics, topic_sizes
 
+from .answers import answer as _answer
+from .answers import lock_run as _lock_run
 from .console import EXIT_UNAVAILABLE, ArbiterGroup, fail, quiet_kafka_logs, say, settings_of, unreachable
 from .kafka import LocalKafka, LocalKafkaError, broker_answers
 
@@ -168,7 +169,8 @@ def topics_list(ctx: click.Context, prefix: str, as_json: bool) -> None:
                                    "in_use": t.name in live or t.name.startswith(f"{settings.app_id}-")}))
         else:
             mark = "  (this configuration's)" if t.name in live or t.name.startswith(f"{settings.app_id}-") else ""
-            click.echo(f"{t.name:<60} {t.partitions:>3} partitions {t.records:>12,} records{mark}")
+            records = f"{t.records:>12,}" if t.records is not None else f"{'?':>12}"
+            click.echo(f"{t.name:<60} {t.partitions:>3} partitions {records} records{mark}")
     if not sizes and not as_json:
         say(f"no topics{' starting with ' + repr(prefix) if prefix else ''} at {settings.bootstrap}")
 
@@ -298,17 +300,6 @@ def lock() -> None:
     """
 
 
-LOCK_EXITS = {"refused": 1, "timeout": 2, "unavailable": 3, "no_identity": 4}
-"""``arbiter lock``'s exit code for each way a call can end without being done."""
-
-
-def _answer(body: dict[str, Any], kind: str | None = None) -> None:
-    """Print one JSON object; exit with the code of ``kind`` (None: done)."""
-    click.echo(json.dumps(body, sort_keys=True))
-    if kind is not None:
-        sys.exit(LOCK_EXITS[kind])
-
-
 def _lock_call(ctx: click.Context, agent: str, work: Callable[[Any], Any]) -> None:
     from arbiter.agents import ArbiterClient
 
@@ -319,39 +310,6 @@ def _lock_call(ctx: click.Context, agent: str, work: Callable[[Any], Any]) -> No
             return await work(client)
 
     _answer(_lock_run(settings, run()))
-
-
-def _lock_run(settings: Settings, work: Any) -> Any:
-    """Run one ``arbiter lock`` call; every way it can fail is answered as one JSON object and its exit code."""
-    from arbiter.agents import ArbiterTimeout, ArbiterUnavailable, LeaseDenied
-    from arbiter.audit.replay import TrustAnchorsMissing
-    from arbiter.edge.tail import TopicMissing
-
-    try:
-        return asyncio.run(work)
-    except IdentityError as exc:
-        _answer({"reason": "no_identity", "detail": str(exc), "what_to_do": "Each agent signs its commands with its "
-                 "own key: 'arbiter agents add NAME' issues one (or set ARBITER_IDENTITY_KEY)."}, "no_identity")
-    except TrustAnchorsMissing as exc:
-        _answer({"reason": "no_identity", "detail": str(exc), "what_to_do": "This home holds no admin public key "
-                 "to check the workers' signatures with: set ARBITER_ADMIN_PUBLIC_KEYS."}, "no_identity")
-    except LeaseDenied as exc:
-        _answer({"reason": exc.reason, **exc.diagnostic}, "refused")
-    except ArbiterTimeout as exc:
-        _answer({"reason": "timeout", "detail": str(exc), "retriable": True,
-                 "what_to_do": "No decision arrived in time; it may still be decided. Check with 'arbiter lock "
-                               "status', or retry."}, "timeout")
-    except TopicMissing as exc:
-        _answer({"reason": "unavailable", "detail": str(exc), "retriable": False,
-                 "what_to_do": "Create the topics ('arbiter topics create') and start a worker."}, "unavailable")
-    except ArbiterUnavailable as exc:
-        _answer({"reason": "unavailable", "detail": str(exc), "retriable": True,
-                 "what_to_do": "Retry shortly; is Kafka up ('arbiter kafka status')?"}, "unavailable")
-    except (KafkaError, ConnectionError) as exc:
-        _answer({"reason": "unavailable", "detail": f"Kafka at {settings.bootstrap} could not be reached: "
-                                                    f"{describe(exc)}",
-                 "retriable": True, "what_to_do": "Retry shortly; is Kafka up ('arbiter kafka status')?"},
-                "unavailable")
 
 
 _agent_option = click.option("--agent", required=True, help="The agent id that holds or asks for the lease.")
@@ -477,9 +435,11 @@ def _register_late_commands() -> None:
     from .demo import demo
     from .identitycli import agents, saga
     from .ledgercli import ledger
+    from .sandboxcli import sandbox
 
     main.add_command(demo)
     main.add_command(ledger)
+    main.add_command(sandbox)
     main.add_command(chaos)
     main.add_command(agents)
     main.add_command(saga)

@@ -260,8 +260,9 @@ class TopicSize:
 
     name: str
     partitions: int
-    records: int
-    """Records still in the log (end offsets less first offsets, summed over partitions)."""
+    records: int | None
+    """Records still in the log (end offsets less first offsets, summed over partitions); None when the
+    broker did not say in time (a topic being deleted, a partition without a leader)."""
 
 
 async def topic_sizes(settings: Settings, prefix: str = "") -> list[TopicSize]:
@@ -275,10 +276,22 @@ async def topic_sizes(settings: Settings, prefix: str = "") -> list[TopicSize]:
     if not counts:
         return []
     async with started(AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
-                                        **kafka_client_options(settings))) as consumer:
-        tps = [TopicPartition(n, p) for n, c in counts.items() for p in range(c)]
-        ends, starts = await consumer.end_offsets(tps), await consumer.beginning_offsets(tps)
-    return [TopicSize(n, c, sum(ends[tp] - starts[tp] for tp in tps if tp.topic == n)) for n, c in counts.items()]
+                                        request_timeout_ms=SIZE_TIMEOUT_MS, **kafka_client_options(settings))
+                       ) as consumer:
+        async def size(name: str, partitions: int) -> int | None:
+            tps = [TopicPartition(name, p) for p in range(partitions)]
+            try:
+                ends, starts = await consumer.end_offsets(tps), await consumer.beginning_offsets(tps)
+            except KafkaError:  # one topic that cannot say (being deleted, say) does not hide the others
+                return None
+            return int(sum(ends[tp] - starts[tp] for tp in tps))
+
+        sizes = await asyncio.gather(*(size(n, c) for n, c in counts.items()))
+    return [TopicSize(n, c, records) for (n, c), records in zip(counts.items(), sizes, strict=True)]
+
+
+SIZE_TIMEOUT_MS = 10_000
+"""How long ``topic_sizes`` waits for one topic's offsets."""
 
 
 def live_topics(settings: Settings) -> set[str]:

@@ -13,16 +13,19 @@ from arbiter.agents.errors import (
     LeaseLost,
     SagaAborted,
     SagaStepRejected,
+    SandboxRefused,
 )
 from arbiter.agents.leases import Lease
 from arbiter.agents.outcomes import Outcome, Snapshot
 from arbiter.agents.sagas import Saga
+from arbiter.agents.sandbox import CheckResult, Sandbox
 
 __all__ = [
     "ArbiterClient",
     "ArbiterError",
     "ArbiterTimeout",
     "ArbiterUnavailable",
+    "CheckResult",
     "DoorRefused",
     "Lease",
     "LeaseDenied",
@@ -32,5 +35,7 @@ __all__ = [
     "Saga",
     "SagaAborted",
     "SagaStepRejected",
+    "Sandbox",
+    "SandboxRefused",
     "Snapshot",
 ]

@@ -31,6 +31,7 @@ from arbiter.agents.leases import Lease, OnAcquired
 from arbiter.agents.outcomes import Outcome, Snapshot
 from arbiter.agents.requests import Do, PendingAcquire
 from arbiter.agents.sagas import Saga, SagaMessage
+from arbiter.agents.sandbox import Sandbox
 from arbiter.agents.transport import KafkaTransport, Transport
 from arbiter.edge.clock import now_ms
 from arbiter.edge.settings import Settings, load_settings
@@ -374,6 +375,16 @@ class ArbiterClient:
 
     async def _send_saga(self, saga_id: str, record: SagaMessage) -> None:
         await self._transport.send(self.settings.topics.saga_commands, saga_id, record)
+
+    def sandbox(self, repository: str, base: str = "main", *, keep: bool | None = None, ttl: float = 60.0,
+                wait: float = 600.0) -> contextlib.AbstractAsyncContextManager[Sandbox]:
+        """``async with client.sandbox("app") as box``: this agent's git worktree of repository ``app``
+        (``repo:app``, configured on the workers as ``ARBITER_REPOS=app=PATH``), from branch ``base``;
+        ``box.path``, ``box.base``, ``await box.merge(message, check=...)``, ``await box.rebase()``. Left
+        when everything in it merged, it is discarded; with unmerged commits it is kept (``keep``)."""
+        from arbiter.agents.sandbox import sandbox
+
+        return sandbox(self, repository, base, keep=keep, ttl=ttl, wait=wait)
 
     @contextlib.asynccontextmanager
     async def saga(self, name: str, timeout: float = 120.0) -> AsyncIterator[Saga]:

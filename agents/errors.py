@@ -111,3 +111,12 @@ class SagaAborted(ArbiterError):
         super().__init__(f"saga {saga_id} was aborted ({reason}) and compensated")
         self.saga_id = saga_id
         self.reason = reason
+
+
+class SandboxRefused(ArbiterError):
+    """The worker refused to make (or discard) a sandbox; ``outcome`` says why (a second sandbox of one
+    repository, an unknown repository or base branch)."""
+
+    def __init__(self, outcome: Outcome) -> None:
+        super().__init__(outcome.diagnostic_json)
+        self.outcome = outcome

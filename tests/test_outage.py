@@ -35,6 +35,7 @@ from arbiter.processes import DoorProcess, WorkerPool, free_port, settings_env
 from arbiter.streams.runtime.topics import ensure_topics
 
 from .conftest import isolated_settings
+from .test_git_tools import make_repo
 
 pytestmark = pytest.mark.kafka
 
@@ -143,16 +144,24 @@ LOCK_VERBS: list[tuple[str, ...]] = [
     ("lock", "release", "out:2", "--agent", "alice", "--token", "1"),
     ("lock", "revoke", "out:2", "--agent", "alice", "--reason", "outage"),
     ("lock", "status", "out:2"),
+    ("sandbox", "create", "--repo", "app", "--agent", "alice"),
+    ("sandbox", "merge", "--repo", "app", "--agent", "alice", "-m", "outage"),
+    ("sandbox", "discard", "--repo", "app", "--agent", "alice"),
 ]
 OTHER_VERBS: list[tuple[str, ...]] = [
     ("agents", "add", "carol"), ("agents", "api-key", "alice"), ("agents", "list"), ("agents", "revoke", "carol"),
     ("agents", "rotate", "alice"), ("audit",), ("replay", "--at", "0"), ("log", "export", "log.jsonl"),
     ("ping", "--count", "1"), ("saga", "abort", SAGA, "--reason", "outage"), ("topics", "create"),
     ("topics", "list"), ("topics", "delete", "tzz-none."), ("worker",), ("serve", "--port", "0"),
-    ("demo", "--workers", "1"), ("chaos", "calm", "--duration", "5"),
+    ("demo", "--workers", "1"), ("chaos", "calm", "--duration", "5"), ("sandbox", "gc", "--repo", "app"),
 ]
 """Every other verb that needs Kafka. Not here: ``kafka up``/``down``/``reset`` (they act on the local
 broker itself; ``tests/test_localkafka.py``), ``kafka status`` (below)."""
+NO_KAFKA_VERBS: list[tuple[str, ...]] = [
+    ("ledger", "open", "out-2", "--balance", "5"), ("ledger", "show"), ("ledger", "tools"),
+    ("sandbox", "list", "--repo", "app"),
+]
+"""Verbs that never talk to Kafka (the ledger's database, the repository): they work through an outage."""
 
 
 def _every_verb() -> set[tuple[str, ...]]:
@@ -174,7 +183,8 @@ def _every_verb() -> set[tuple[str, ...]]:
 
 def test_the_verb_lists_name_every_cli_verb() -> None:
     """A new CLI verb must be added to the outage test's lists."""
-    named = {v[:2] if v[0] in ("lock", "agents", "topics", "log", "saga") else v[:1] for v in LOCK_VERBS + OTHER_VERBS}
+    groups = ("lock", "agents", "topics", "log", "saga", "sandbox", "ledger")
+    named = {v[:2] if v[0] in groups else v[:1] for v in LOCK_VERBS + OTHER_VERBS + NO_KAFKA_VERBS}
     assert _every_verb() == named | {("kafka", "up"), ("kafka", "down"), ("kafka", "reset"), ("kafka", "status")}
 
 
@@ -193,7 +203,8 @@ async def test_a_thirty_second_outage_is_quiet_bounded_and_clear(tmp_path: Path)
     broker = _broker(tmp_path / "broker")
     assert in_ephemeral_range(broker.settings.kafka_port)
     await asyncio.to_thread(broker.up)
-    settings = isolated_settings(broker.bootstrap, tmp_path / "arbiter")
+    repo = make_repo(tmp_path)
+    settings = isolated_settings(broker.bootstrap, tmp_path / "arbiter", repos=f"app={repo}")
     pool = WorkerPool(settings)
     door = DoorProcess(settings)
     cli = Cli(settings, tmp_path)
@@ -208,6 +219,8 @@ async def test_a_thirty_second_outage_is_quiet_bounded_and_clear(tmp_path: Path)
         first = await _until(lambda: cli("lock", "acquire", "out:0", "--agent", "alice", "--ttl", "5"),
                              lambda r: r.code == 0, 90, "a first grant")
         assert json.loads(first.out)["token"] == 1
+        made = cli("sandbox", "create", "--repo", "app", "--agent", "alice")  # so that merge reaches Kafka
+        assert made.code == 0 and await asyncio.to_thread(Path(json.loads(made.out)["path"]).is_dir), made.err
         await asyncio.to_thread(door.start)
         await _until(lambda: _http(f"{door.url}/healthz"), lambda r: r[0] == 200, 30, "the door ready")
         worker_log, door_log = pool.workers[0].log, door.log
@@ -240,6 +253,10 @@ async def test_a_thirty_second_outage_is_quiet_bounded_and_clear(tmp_path: Path)
             ran = await asyncio.to_thread(cli, *args)
             _clean(ran)
             assert ran.code == 3 and "error:" in ran.err, (args, ran.code, ran.out, ran.err[-2000:])
+        for args in NO_KAFKA_VERBS:
+            ran = await asyncio.to_thread(cli, *args)
+            _clean(ran)
+            assert ran.code == 0 and json.loads(ran.out), (args, ran.code, ran.out, ran.err[-2000:])
 
         await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))  # the outage lasts 30 s
         worker_lines = _lines(worker_log) - before[0]

@@ -61,6 +61,19 @@ class Block:
     note: str | None
 
 
+@pytest.fixture
+def kafka_settings(bootstrap: str, tmp_path: Path) -> Settings:
+    """The module's settings: the README's repository (``app``, which its example creates in the reader's
+    folder) is configured for the worker, as the README says to configure it."""
+    from arbiter.streams.runtime.topics import ensure_topics
+
+    from .conftest import isolated_settings
+
+    settings = isolated_settings(bootstrap, tmp_path, repos=f"app={tmp_path / 'reader' / 'app'}")
+    asyncio.run(ensure_topics(settings))
+    return settings
+
+
 def blocks(text: str) -> list[Block]:
     """Every fenced block, with its language and the note on the line above it."""
     found, lines, i = [], text.splitlines(), 0
@@ -105,7 +118,7 @@ async def test_the_readme_runs_as_written(kafka_settings: Settings, door: DoorPr
     env = {**settings_env(settings), "ARBITER_AUTO_ENROLL": "false",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     work = tmp_path / "reader"
-    work.mkdir()
+    work.mkdir(exist_ok=True)
     ran = 0
     for block in examples():
         if block.note != "<!-- example: run -->":

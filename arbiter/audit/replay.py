@@ -54,7 +54,7 @@ from arbiter.schemas import (
 from arbiter.schemas.codec import Codec, default_codec
 from arbiter.schemas.identity import IdentityError, Refused, Registry, Verified
 from arbiter.schemas.partitioning import partition_for
-from arbiter.streams.cores.gateway import ContentState, ToolOutcome
+from arbiter.streams.cores.gateway import RESERVED_KEYS, ContentState, ToolOutcome
 from arbiter.streams.cores.leases import LeaseBook
 from arbiter.streams.cores.saga import COMPENSATED, COMPLETED, Saga
 from arbiter.streams.cores.waitgraph import VictimPolicy
@@ -83,9 +83,13 @@ class RecordedTools:
             record = entry.record
             if isinstance(record, ToolApplied):
                 self._outcomes.setdefault(record.intent_id, ToolOutcome(True, record.result_json))
-            elif isinstance(record, ToolRejected) and record.reason == "tool_failed":
-                error = str(json.loads(record.diagnostic_json).get("error", ""))
-                self._outcomes.setdefault(record.intent_id, ToolOutcome(False, error=error))
+            elif isinstance(record, ToolRejected) and record.reason in ("tool_failed", "version_conflict"):
+                diagnostic = json.loads(record.diagnostic_json)
+                if record.reason == "version_conflict" and not diagnostic.get("by_tool"):
+                    continue  # the gate's own refusal: re-derived, not recorded
+                details = tuple(sorted((k, v) for k, v in diagnostic.items() if k not in RESERVED_KEYS))
+                self._outcomes.setdefault(record.intent_id, ToolOutcome(
+                    False, error=str(diagnostic.get("error", "")), reason=record.reason, details=details))
         self._contents: dict[tuple[str, str], str | None] = {}
         for entry in log.of(log.topics.agent_inbox):
             record = entry.record

@@ -142,6 +142,14 @@ class Settings(BaseSettings):
     """The ledger database: a ``postgresql://`` DSN, or empty for SQLite at
     ``<home>/ledger.sqlite3``."""
 
+    repos: str = ""
+    """The git repositories the workers merge into, ``name=path`` comma separated: resource
+    ``repo:<name>`` is the repository at ``path`` (its sandboxes, its merge queue). Empty: none."""
+
+    sandbox_root: str = ""
+    """Where sandboxes (one git worktree per agent) are made; default ``<repository's git dir>/arbiter/
+    sandboxes``."""
+
     policies: str = "account:=both,doc:=optimistic,ticket:=pessimistic,repo:=pessimistic,tenant:=pessimistic"
     """Write policy per resource-name prefix, ``prefix=policy`` comma separated; the
     longest prefix wins. ``pessimistic`` needs a fencing token, ``optimistic`` a base
@@ -262,6 +270,25 @@ class Settings(BaseSettings):
     def _policies_parse(cls, value: str) -> str:
         cls.parse_policies(value)
         return value
+
+    @field_validator("repos")
+    @classmethod
+    def _repos_parse(cls, value: str) -> str:
+        cls.parse_repos(value)
+        return value
+
+    @staticmethod
+    def parse_repos(value: str) -> dict[str, Path]:
+        """``"app=/src/app,docs=/src/docs"`` as {name: path}."""
+        repos: dict[str, Path] = {}
+        for item in filter(None, (part.strip() for part in value.split(","))):
+            name, sep, path = item.partition("=")
+            if not sep or not name.strip() or not path.strip():
+                raise ValueError(f"repository {item!r} is not name=path")
+            if not set(name.strip()) <= set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_."):
+                raise ValueError(f"repository name {name!r}: letters, digits and -_. only")
+            repos[name.strip()] = Path(path.strip()).expanduser()
+        return repos
 
     @staticmethod
     def parse_policies(value: str) -> tuple[tuple[str, Literal["pessimistic", "optimistic", "both"]], ...]:

@@ -168,6 +168,11 @@ class ToolOutcome:
     ok: bool
     result_json: str = "null"
     error: str = ""
+    reason: str = "tool_failed"
+    """Why it failed: ``tool_failed``, or ``version_conflict`` when the tool found the resource moved
+    under the intent (a merge that conflicts with what landed since its base)."""
+    details: tuple[tuple[str, Any], ...] = ()
+    """What the tool adds to the refusal's diagnostic (the conflicting paths, say)."""
 
 
 
@@ -324,8 +329,18 @@ def complete(
                            version=content.version + 1,
                            content_hash=next_hash(content.content_hash, intent), result_json=outcome.result_json,
                            request_sent_at_ms=intent.sent_at_ms, decided_at_ms=now_ms, cause=cause)
+    if outcome.reason == Reason.VERSION_CONFLICT.value:
+        # The tool found the resource moved under the intent; ``by_tool`` tells a replay it was not the gate.
+        return reject(content, book, intent, Reason.VERSION_CONFLICT, now_ms, cause, hide_tokens=hide_tokens,
+                      **{key: value for key, value in outcome.details if key not in RESERVED_KEYS},
+                      error=outcome.error[:2000], by_tool=True)
     return reject(content, book, intent, Reason.TOOL_FAILED, now_ms, cause, hide_tokens=hide_tokens,
+                  **{key: value for key, value in outcome.details if key not in RESERVED_KEYS},
                   error=outcome.error[:2000])
+
+
+RESERVED_KEYS = frozenset({"reason", "resource", "you_sent", "current", "what_to_do", "error", "by_tool"})
+"""Diagnostic keys a tool's details never replace."""
 
 
 def evolve(content: ContentState, event: GatewayEvent, rules: GatewayRules | None = None) -> ContentState:

@@ -24,13 +24,11 @@ def worker_id(settings: Settings) -> str:
 
 
 def default_tools(settings: Settings) -> ToolRunner:
-    """The ledger's tools against the configured database."""
-    from arbiter.streams.tools.ledger import Ledger, register_ledger_tools
-    from arbiter.streams.tools.registry import ToolRegistry
+    """The ledger's tools against the configured database, and the configured git repositories'."""
+    from arbiter.streams.tools.ledger import Ledger, worker_tool_registry
 
-    registry = ToolRegistry()
-    register_ledger_tools(registry, Ledger(settings.ledger_url()))
-    return registry
+    return worker_tool_registry(Ledger(settings.ledger_url()), settings.parse_repos(settings.repos),
+                                settings.sandbox_root)
 
 
 def failpoint(settings: Settings) -> Callable[[ToolIntent], None]:

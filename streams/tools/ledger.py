@@ -369,12 +369,22 @@ def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
         return await _once(ledger, call, "commit", apply)
 
 
+def worker_tool_registry(ledger: Ledger | None, repos: dict[str, Path] | None = None,
+                         sandbox_root: str = "") -> ToolRegistry:
+    """Every tool a worker runs: the ledger's and the git repositories' (``ledger`` None: bound to no
+    database, for replay, whose outcomes come from the log)."""
+    from arbiter.streams.tools.git import Repos, register_git_tools
+
+    registry = ToolRegistry()
+    register_ledger_tools(registry, cast(Ledger, ledger))
+    register_git_tools(registry, Repos(repos or {}, sandbox_root))
+    return registry
+
+
 def ledger_tool_registry() -> ToolRegistry:
     """The ledger's tools with their names and argument schemas, bound to no database.
 
     For audit replay, which checks intents against the real schemas but takes each
     run's outcome from the log. Running one of these tools fails.
     """
-    registry = ToolRegistry()
-    register_ledger_tools(registry, cast(Ledger, None))
-    return registry
+    return worker_tool_registry(None)

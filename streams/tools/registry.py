@@ -14,7 +14,15 @@ from arbiter.streams.cores.gateway import ToolOutcome
 
 
 class ToolError(Exception):
-    """A tool's expected failure (insufficient balance, say): nothing was applied."""
+    """A tool's expected failure (insufficient balance, say): nothing was applied.
+
+    ``conflict=True``: the resource moved under the intent (a merge that conflicts with what landed
+    since its base), answered ``version_conflict``; ``details`` go into the refusal's diagnostic."""
+
+    def __init__(self, message: str, *, conflict: bool = False, **details: Any) -> None:
+        super().__init__(message)
+        self.conflict = conflict
+        self.details = details
 
 
 @dataclass(frozen=True)
@@ -54,21 +62,24 @@ class ToolRegistry:
 
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
-        self._reader: Reader | None = None
+        self._readers: list[Reader] = []
 
     def reader(self, fn: Reader) -> Reader:
-        """Decorator: ``fn(resource)`` reads a resource's content for snapshots that ask for it."""
-        self._reader = fn
+        """Decorator: ``fn(resource)`` reads a resource's content for snapshots that ask for it (None: not
+        one of its resources; the next reader is asked)."""
+        self._readers.append(fn)
         return fn
 
     async def read(self, request: SnapshotRequested) -> str | None:
         """The resource's content as JSON; None when no reader keeps it, or it is over ``MAX_CONTENT_BYTES``."""
-        if self._reader is None:
-            return None
-        try:
-            content = await self._reader(request.resource)
-        except Exception:  # a store's fault must not take the partition down: the answer says nothing
-            return None
+        content = None
+        for reader in self._readers:
+            try:
+                content = await reader(request.resource)
+            except Exception:  # a store's fault must not take the partition down: the answer says nothing
+                return None
+            if content is not None:
+                break
         if content is None:
             return None
         text = json.dumps(content, sort_keys=True, default=str)
@@ -111,7 +122,8 @@ class ToolRegistry:
         try:
             result = await tool.run(call)
         except ToolError as exc:
-            return ToolOutcome(False, error=str(exc))
+            return ToolOutcome(False, error=str(exc), reason="version_conflict" if exc.conflict else "tool_failed",
+                               details=tuple(sorted(exc.details.items())))
         except Exception as exc:  # a tool's bug must not take the partition down; record it
             return ToolOutcome(False, error=f"{type(exc).__name__}: {exc}")
         return ToolOutcome(True, json.dumps(result, sort_keys=True, default=str))

@@ -1,0 +1,183 @@
+"""A coding agent's sandbox: its own git worktree of a repository, merged back through the gateway.
+
+``async with client.sandbox("app") as box`` asks the worker to make the agent's worktree (branch
+``arbiter/<agent>``) and gives its ``path`` and ``base`` commit. The agent edits and commits there as
+it likes; ``box.merge(message)`` queues for the repository's lease (``repo:<name>``: the merge
+queue), optionally runs a check on the merge result in a scratch worktree while it holds the lease,
+and sends the merge intent with its fencing token. A conflict comes back as ``version_conflict``
+with the paths; ``box.rebase()`` rebases the sandbox onto the new head and names what conflicts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from arbiter.agents.errors import SandboxRefused
+from arbiter.agents.leases import Lease
+from arbiter.agents.outcomes import Outcome
+from arbiter.streams.tools.git import git
+
+
+class SandboxHost(Protocol):
+    """What a ``Sandbox`` needs from the client that runs it (``ArbiterClient`` is one); kept here, below
+    the client, so this module never imports it."""
+
+    async def execute(self, lease: Lease | str, tool: str, args: dict[str, Any], *,
+                      intent_id: str | None = ...) -> Outcome: ...
+
+    def lease(self, resource: str, *, ttl: float = ..., mode: str = ..., wait: float = ...
+              ) -> AbstractAsyncContextManager[Lease]: ...
+
+CHECK_OUTPUT = 4000
+"""How much of a failing check's output an outcome keeps (its tail)."""
+
+
+@dataclass
+class CheckResult:
+    """What a check printed, and whether it passed."""
+
+    command: str
+    passed: bool
+    exit_code: int | None
+    seconds: float
+    output: str
+
+
+@dataclass
+class Sandbox:
+    """One agent's worktree of one repository."""
+
+    client: SandboxHost
+    repository: str
+    """The resource: ``repo:<name>``."""
+    path: Path
+    branch: str
+    base: str
+    """The commit the sandbox started from."""
+    target: str = "main"
+    merged: list[Outcome] = field(default_factory=list)
+
+    async def _git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(git, self.path, *args, check=check)
+
+    async def head(self) -> str:
+        """The target branch's head commit as this machine's repository has it."""
+        return (await self._git("rev-parse", "--verify", f"refs/heads/{self.target}")).stdout.strip()
+
+    async def merge(self, message: str, *, check: str | Sequence[str] | None = None, check_timeout: float = 600.0,
+                    strategy: str = "merge", ttl: float = 60.0, wait: float = 600.0,
+                    intent_id: str | None = None) -> Outcome:
+        """Merge this sandbox's branch into the target, in the repository's queue.
+
+        Holds the lease on the repository (renewed while it works) so nothing else merges meanwhile.
+        With ``check`` (a shell command, or an argument list), the merge result is built in a scratch
+        worktree and the command run there first, for at most ``check_timeout`` seconds: a failing
+        check ends with an outcome ``check_failed`` (its output in the diagnostic) and merges nothing.
+        """
+        async with self.client.lease(self.repository, ttl=ttl, wait=wait, mode="exclusive") as lease:
+            expect = None
+            if check is not None:
+                expect = await self.head()
+                result = await self.run_check(check, expect, check_timeout)
+                if result is not None and not result.passed:
+                    return Outcome(intent_id or "", self.repository, "merge", False, reason="check_failed",
+                                   diagnostic={"reason": "check_failed", "check": result.__dict__,
+                                               "what_to_do": "Fix what the check reports in the sandbox, commit, "
+                                                             "and merge again."})
+            args: dict[str, Any] = {"message": message, "target": self.target, "strategy": strategy,
+                                    "base": self.base, "expect_head": expect}
+            outcome = await self.client.execute(lease, "merge", args, intent_id=intent_id)
+        if outcome.applied:
+            self.merged.append(outcome)
+        return outcome
+
+    async def run_check(self, check: str | Sequence[str], head: str, timeout: float) -> CheckResult | None:
+        """Run ``check`` on the merge of this branch into ``head``, in a scratch worktree; None when the
+        merge conflicts (the worker will say so, with the paths)."""
+        done = await self._git("merge-tree", "--write-tree", head, self.branch, check=False)
+        if done.returncode != 0:
+            return None
+        tree = done.stdout.split()[0]
+        commit = (await asyncio.to_thread(git, self.path, "commit-tree", tree, "-p", head, "-p", self.branch,
+                                          stdin="arbiter check\n")).stdout.strip()
+        scratch = Path(tempfile.mkdtemp(prefix="arbiter-check-"))
+        started = time.monotonic()
+        try:
+            await self._git("worktree", "add", "--detach", str(scratch), commit)
+            proc = await asyncio.create_subprocess_exec(
+                *(["/bin/sh", "-c", check] if isinstance(check, str) else list(check)), cwd=scratch,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            try:
+                out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+                code: int | None = proc.returncode
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                out, _ = await proc.communicate()
+                code = None
+                out += f"\n(check stopped after {timeout:g} s)".encode()
+        finally:
+            await self._git("worktree", "remove", "--force", str(scratch), check=False)
+            shutil.rmtree(scratch, ignore_errors=True)
+        command = check if isinstance(check, str) else " ".join(check)
+        return CheckResult(command, code == 0, code, round(time.monotonic() - started, 3),
+                           out.decode(errors="replace")[-CHECK_OUTPUT:])
+
+    async def rebase(self) -> list[str]:
+        """Rebase the sandbox onto the target's head. Returns the conflicting paths ([]: done); on a
+        conflict the rebase is aborted and the sandbox is as it was."""
+        head = await self.head()
+        done = await self._git("rebase", head, check=False)
+        if done.returncode == 0:
+            self.base = head
+            return []
+        paths = (await self._git("diff", "--name-only", "--diff-filter=U", check=False)).stdout.split()
+        await self._git("rebase", "--abort", check=False)
+        return sorted(paths) or ["(rebase failed: " + (done.stderr or done.stdout).strip()[:300] + ")"]
+
+    async def commits(self) -> int:
+        """How many commits the sandbox has that the target lacks."""
+        done = await self._git("rev-list", "--count", f"refs/heads/{self.target}..{self.branch}")
+        return int(done.stdout.strip() or 0)
+
+
+async def open_sandbox(client: SandboxHost, repository: str, base: str, ttl: float, wait: float) -> Sandbox:
+    """Ask the worker to make the agent's sandbox (under the repository's lease)."""
+    resource = repository if repository.startswith("repo:") else f"repo:{repository}"
+    async with client.lease(resource, ttl=ttl, wait=wait) as lease:
+        outcome = await client.execute(lease, "sandbox_create", {"base": base})
+    if not outcome.applied:
+        raise SandboxRefused(outcome)
+    result = outcome.result
+    return Sandbox(client, resource, Path(result["path"]), result["branch"], result["base"], target=base)
+
+
+async def discard_sandbox(box: Sandbox, ttl: float = 30.0, wait: float = 600.0) -> Outcome:
+    """Ask the worker to remove the sandbox's worktree and branch."""
+    async with box.client.lease(box.repository, ttl=ttl, wait=wait) as lease:
+        return await box.client.execute(lease, "sandbox_discard", {})
+
+
+@contextlib.asynccontextmanager
+async def sandbox(client: SandboxHost, repository: str, base: str = "main", *, keep: bool | None = None,
+                  ttl: float = 60.0, wait: float = 600.0) -> AsyncIterator[Sandbox]:
+    """``async with client.sandbox("app") as box``: the agent's worktree for the block. On leaving, it is
+    discarded when everything in it was merged (or it has nothing); kept otherwise, so no work is lost
+    (``keep=True`` always keeps it, ``keep=False`` always discards it)."""
+    box = await open_sandbox(client, repository, base, ttl, wait)
+    try:
+        yield box
+    finally:
+        unmerged = await box.commits() if keep is None else 0
+        if keep is False or (keep is None and unmerged == 0):
+            await discard_sandbox(box, wait=wait)

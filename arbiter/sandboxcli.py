@@ -1,0 +1,177 @@
+"""``arbiter sandbox``: coding agents' git worktrees, and merges through the repository's queue.
+
+A repository is configured once, for workers and this command alike: ``ARBITER_REPOS=app=/src/app``
+makes it resource ``repo:app``. ``--repo`` takes that name, or the repository's path. Each answer is
+one JSON object on stdout; the exit status is ``arbiter lock``'s: 0 done, 1 refused, 2 no answer in
+time, 3 unreachable, 4 no identity.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from .answers import answer as _answer
+from .answers import lock_run
+from .console import fail, say, settings_of
+
+
+def _repo(ctx: click.Context, given: str) -> tuple[str, Path]:
+    settings = settings_of(ctx)
+    repos = settings.parse_repos(settings.repos)
+    if given.removeprefix("repo:") in repos:
+        name = given.removeprefix("repo:")
+        return name, repos[name]
+    wanted = Path(given).expanduser().resolve()
+    for name, path in repos.items():
+        if path.expanduser().resolve() == wanted:
+            return name, path
+    known = ", ".join(f"{n}={p}" for n, p in sorted(repos.items())) or "none"
+    fail(f"no repository {given!r} is configured (ARBITER_REPOS: {known})",
+         "set ARBITER_REPOS=name=path, the same for the workers and for this command")
+
+
+def _call(ctx: click.Context, agent: str, work: Any) -> Any:
+    return lock_run(settings_of(ctx), work)
+
+
+_repo_option = click.option("--repo", "repo", required=True, help="The repository: its name in ARBITER_REPOS, "
+                                                                   "or its path.")
+_agent_option = click.option("--agent", required=True, help="The coding agent (its identity signs the intents).")
+
+
+@click.group()
+def sandbox() -> None:
+    """Coding agents' sandboxes (a git worktree and branch each) and merges through the repository's queue."""
+
+
+@sandbox.command("create")
+@_repo_option
+@_agent_option
+@click.option("--base", default="main", show_default=True, help="The branch the sandbox starts from.")
+@click.pass_context
+def create(ctx: click.Context, repo: str, agent: str, base: str) -> None:
+    """Make AGENT's worktree of the repository on branch arbiter/AGENT; print its path and base commit."""
+    from arbiter.agents import ArbiterClient
+    from arbiter.agents.sandbox import open_sandbox
+
+    name, _path = _repo(ctx, repo)
+
+    async def run() -> Any:
+        async with ArbiterClient(agent, settings_of(ctx)) as client:
+            return await open_sandbox(client, f"repo:{name}", base, 60.0, 600.0)
+
+    from arbiter.agents import SandboxRefused
+
+    try:
+        box = _call(ctx, agent, run())
+    except SandboxRefused as exc:
+        _answer({"reason": exc.outcome.reason, **exc.outcome.diagnostic}, "refused")
+    _answer({"repository": box.repository, "agent": agent, "path": str(box.path), "branch": box.branch,
+             "base": box.base})
+
+
+@sandbox.command("list")
+@_repo_option
+@click.pass_context
+def list_(ctx: click.Context, repo: str) -> None:
+    """Every sandbox of the repository: agent, path, branch, head, commits not yet merged."""
+    from arbiter.streams.tools.git import Repos, git
+
+    name, path = _repo(ctx, repo)
+    settings = settings_of(ctx)
+    boxes = Repos({name: path}, settings.sandbox_root).sandboxes(path)
+    for box in boxes:
+        ahead = git(path, "rev-list", "--count", f"main..{box['branch']}", check=False).stdout.strip()
+        box["unmerged_commits"] = int(ahead) if ahead.isdigit() else None
+    click.echo(json.dumps({"repository": f"repo:{name}", "sandboxes": boxes}))
+
+
+@sandbox.command("merge")
+@_repo_option
+@_agent_option
+@click.option("-m", "--message", required=True, help="The merge commit's message.")
+@click.option("--target", default="main", show_default=True)
+@click.option("--check", default=None, help="A shell command run on the merge result (a scratch worktree) "
+                                            "before it lands; failing, nothing merges.")
+@click.option("--check-timeout", type=float, default=600.0, show_default=True, help="Seconds the check may take.")
+@click.option("--ff", is_flag=True, help="Fast-forward when the target has not moved (else a merge commit).")
+@click.pass_context
+def merge(ctx: click.Context, repo: str, agent: str, message: str, target: str, check: str | None,
+          check_timeout: float, ff: bool) -> None:
+    """Merge AGENT's sandbox into the target, in the repository's queue: one JSON object; exit 1 on a
+    conflict (its paths in "conflicts") or a failing check."""
+    from arbiter.agents import ArbiterClient
+    from arbiter.agents.sandbox import Sandbox
+    from arbiter.streams.tools.git import Repos, branch_of
+
+    name, path = _repo(ctx, repo)
+    settings = settings_of(ctx)
+    mine = next((b for b in Repos({name: path}, settings.sandbox_root).sandboxes(path) if b["agent"] == agent), None)
+    if mine is None:
+        _answer({"reason": "no_sandbox", "detail": f"{agent} has no sandbox of repo:{name}",
+                 "what_to_do": f"arbiter sandbox create --repo {name} --agent {agent}"}, "refused")
+        return
+
+    async def run() -> Any:
+        async with ArbiterClient(agent, settings) as client:
+            box = Sandbox(client, f"repo:{name}", Path(mine["path"]), branch_of(agent), "", target=target)
+            return await box.merge(message, check=check, check_timeout=check_timeout,
+                                   strategy="ff" if ff else "merge")
+
+    outcome = _call(ctx, agent, run())
+    if outcome.applied:
+        _answer({"merged": True, **outcome.result})
+    else:
+        _answer({"merged": False, "reason": outcome.reason, **outcome.diagnostic}, "refused")
+
+
+@sandbox.command("discard")
+@_repo_option
+@_agent_option
+@click.pass_context
+def discard(ctx: click.Context, repo: str, agent: str) -> None:
+    """Remove AGENT's worktree and branch (unmerged commits in it are gone)."""
+    from arbiter.agents import ArbiterClient
+
+    name, _path = _repo(ctx, repo)
+
+    async def run() -> Any:
+        async with ArbiterClient(agent, settings_of(ctx)) as client, client.lease(f"repo:{name}", ttl=30,
+                                                                                   wait=600) as lease:
+            return await client.execute(lease, "sandbox_discard", {})
+
+    outcome = _call(ctx, agent, run())
+    if outcome.applied:
+        _answer(outcome.result)
+    else:
+        _answer({"reason": outcome.reason, **outcome.diagnostic}, "refused")
+
+
+@sandbox.command("gc")
+@_repo_option
+@click.option("--yes", is_flag=True, help="Remove them (without it, only list what would go).")
+@click.pass_context
+def gc(ctx: click.Context, repo: str, yes: bool) -> None:
+    """Sandboxes whose agent is gone: revoked, or unknown to the registry. Lists them; --yes removes them
+    (an operator's act on the repository, outside the log)."""
+    from arbiter.agents.identities import Registrar
+    from arbiter.streams.tools.git import Repos, git
+
+    name, path = _repo(ctx, repo)
+    settings = settings_of(ctx)
+    entries = asyncio.run(Registrar(settings, create_admin=False).entries())
+    active = {e.name for e in entries if e.status == "active"}
+    stale = [b for b in Repos({name: path}, settings.sandbox_root).sandboxes(path) if b["agent"] not in active]
+    for box in stale:
+        if yes:
+            git(path, "worktree", "remove", "--force", box["path"], check=False)
+            git(path, "branch", "-D", box["branch"], check=False)
+        say(f"{'removed' if yes else 'would remove'} {box['agent']}'s sandbox {box['path']}")
+    if yes:
+        git(path, "worktree", "prune", check=False)
+    click.echo(json.dumps({"repository": f"repo:{name}", "gone": stale, "removed": yes}))

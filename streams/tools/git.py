@@ -1,0 +1,386 @@
+"""Git repositories behind the gateway: a sandbox (git worktree) per agent, and merges in the
+repository's own decision order.
+
+Resource ``repo:<name>`` is the repository configured as ``name=path`` (``ARBITER_REPOS``). Its
+tools run in the worker, in the order the gateway decides that resource's intents, each under the
+intent's fencing token (``repo:`` is pessimistic): the lease queue on ``repo:<name>`` *is* the merge
+queue, and a writer whose lease died is refused before any git command runs.
+
+- ``sandbox_create`` makes the agent's worktree, on branch ``arbiter/<agent>``, from ``base``.
+- ``sandbox_discard`` removes the agent's worktree and branch.
+- ``merge`` merges the agent's branch into ``target``: refs are validated first, the target branch
+  must not be checked out in a linked worktree nor dirty in the main one, ``git merge-tree
+  --write-tree`` (git 2.39: no ``--merge-base``) decides it without touching a worktree, and the
+  target moves to the new commit in one ref transaction together with ``refs/arbiter/intents/<id>``,
+  so a redelivered intent finds its merge done and never merges twice. A conflict is
+  ``version_conflict`` naming the paths and the commits that landed since the agent's base.
+- ``revert_merge`` (the compensation of ``merge``) reverts what a merge brought, as a new commit.
+
+Every tool acts on the sandbox of the intent's agent only (its name is authenticated): an agent
+cannot touch another agent's sandbox through the gateway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from arbiter.streams.tools.registry import ToolCall, ToolError, ToolRegistry
+
+BRANCH_PREFIX = "arbiter/"
+INTENT_REFS = "refs/arbiter/intents/"
+_REF_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$")
+GIT_TIMEOUT = 60.0
+"""Seconds any one git command may take before the tool fails (nothing half-done: refs move last)."""
+
+
+class GitFailed(ToolError):
+    """A git command failed."""
+
+
+def git(repo: Path, *args: str, check: bool = True, stdin: str | None = None,
+        timeout: float = GIT_TIMEOUT) -> subprocess.CompletedProcess[str]:
+    """Run ``git -C repo args``; with ``check``, a failure raises ``GitFailed`` with git's message."""
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C",
+           "GIT_AUTHOR_NAME": os.environ.get("GIT_AUTHOR_NAME", "arbiter"),
+           "GIT_AUTHOR_EMAIL": os.environ.get("GIT_AUTHOR_EMAIL", "arbiter@localhost"),
+           "GIT_COMMITTER_NAME": os.environ.get("GIT_COMMITTER_NAME", "arbiter"),
+           "GIT_COMMITTER_EMAIL": os.environ.get("GIT_COMMITTER_EMAIL", "arbiter@localhost")}
+    try:
+        done = subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, text=True,
+                              env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise GitFailed(f"git {args[0]} took over {timeout:g} s") from exc
+    except FileNotFoundError as exc:
+        raise GitFailed("git is not installed on this worker") from exc
+    if check and done.returncode != 0:
+        raise GitFailed(f"git {' '.join(args[:2])}: {(done.stderr or done.stdout).strip()[:500]}")
+    return done
+
+
+def branch_of(agent: str) -> str:
+    """The sandbox branch of ``agent``."""
+    return f"{BRANCH_PREFIX}{agent}"
+
+
+def valid_ref_name(name: str) -> bool:
+    """A branch name this module accepts (no options, no ``..``, no odd characters)."""
+    return bool(_REF_NAME.match(name)) and ".." not in name and not name.endswith((".lock", "/", "."))
+
+
+class SandboxCreateArgs(BaseModel):
+    """Make the agent's sandbox: a worktree on its own branch from ``base``."""
+
+    model_config = ConfigDict(extra="forbid")
+    base: str = Field(default="main", min_length=1, max_length=200)
+
+
+class SandboxDiscardArgs(BaseModel):
+    """Remove the agent's sandbox: its worktree and its branch."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class MergeArgs(BaseModel):
+    """Merge the agent's sandbox branch into ``target``."""
+
+    model_config = ConfigDict(extra="forbid")
+    message: str = Field(min_length=1, max_length=10_000)
+    target: str = Field(default="main", min_length=1, max_length=200)
+    strategy: Literal["merge", "ff"] = "merge"
+    """``merge``: always a merge commit; ``ff``: fast-forward when the target has not moved, else a merge."""
+    base: str | None = Field(default=None, max_length=64)
+    """The commit the agent's work started from (its sandbox's base): conflicts list what landed since."""
+    expect_head: str | None = Field(default=None, max_length=64)
+    """Refuse (``version_conflict``) unless the target is still at this commit: what the agent checked."""
+
+
+class RevertArgs(BaseModel):
+    """Revert, as a new commit on the target, what the merge of intent ``merge_intent_id`` brought."""
+
+    model_config = ConfigDict(extra="forbid")
+    merge_intent_id: str = Field(min_length=1, max_length=200)
+    target: str = Field(default="main", min_length=1, max_length=200)
+
+
+class Repos:
+    """The repositories a worker serves, by name."""
+
+    def __init__(self, repos: dict[str, Path], sandbox_root: str = "") -> None:
+        self.repos = repos
+        self.sandbox_root = sandbox_root
+
+    def path(self, resource: str) -> Path:
+        """The repository ``repo:<name>`` names; ``ToolError`` when it is not configured."""
+        prefix, _, name = resource.partition(":")
+        if prefix != "repo" or not name:
+            raise ToolError(f"{resource!r} is not a repository resource ('repo:<name>')")
+        path = self.repos.get(name)
+        if path is None:
+            known = ", ".join(sorted(self.repos)) or "none"
+            raise ToolError(f"no repository {name!r} on this worker (configured: {known}; ARBITER_REPOS=name=path)")
+        return path
+
+    def git_dir(self, repo: Path) -> Path:
+        """The repository's common git directory."""
+        out = git(repo, "rev-parse", "--path-format=absolute", "--git-common-dir").stdout.strip()
+        return Path(out)
+
+    def sandbox_path(self, repo: Path, agent: str) -> Path:
+        """Where ``agent``'s sandbox of ``repo`` lives."""
+        root = Path(self.sandbox_root).expanduser() / repo.name if self.sandbox_root else \
+            self.git_dir(repo) / "arbiter" / "sandboxes"
+        return root / agent
+
+    def worktrees(self, repo: Path) -> list[dict[str, str]]:
+        """``git worktree list --porcelain`` as dicts (``worktree``, ``HEAD``, ``branch``...)."""
+        out: list[dict[str, str]] = []
+        current: dict[str, str] = {}
+        for line in git(repo, "worktree", "list", "--porcelain").stdout.splitlines():
+            if not line:
+                if current:
+                    out.append(current)
+                current = {}
+                continue
+            key, _, value = line.partition(" ")
+            current[key] = value
+        if current:
+            out.append(current)
+        return out
+
+    def sandboxes(self, repo: Path) -> list[dict[str, Any]]:
+        """Every sandbox of ``repo``: agent, path, branch, head."""
+        found = []
+        for tree in self.worktrees(repo):
+            branch = tree.get("branch", "").removeprefix("refs/heads/")
+            if branch.startswith(BRANCH_PREFIX):
+                found.append({"agent": branch.removeprefix(BRANCH_PREFIX), "path": tree["worktree"],
+                              "branch": branch, "head": tree.get("HEAD", "")})
+        return found
+
+
+def _commit(repo: Path, ref: str, what: str) -> str:
+    """The commit ``ref`` names; ``ToolError`` saying which ref is missing (never read as a conflict)."""
+    done = git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise ToolError(f"{what} {ref!r} does not exist in {repo.name}")
+    return done.stdout.strip()
+
+
+def intent_ref(intent_id: str) -> str:
+    """The ref that records where intent ``intent_id`` left the target (an intent id may hold any character;
+    a ref name may not, so it is named by a digest of the id)."""
+    return INTENT_REFS + hashlib.sha256(intent_id.encode()).hexdigest()[:40]
+
+
+def _recorded(repo: Path, intent_id: str) -> str | None:
+    done = git(repo, "rev-parse", "--verify", "--quiet", intent_ref(intent_id), check=False)
+    return (done.stdout.strip() or None) if done.returncode == 0 else None
+
+
+def _check_target(repos: Repos, repo: Path, target: str) -> Path | None:
+    """Refuse a target branch checked out in a linked worktree, or dirty in the main one. Returns the main
+    worktree when it has the target checked out (clean): it is moved along with the branch."""
+    trees = repos.worktrees(repo)
+    main = Path(trees[0]["worktree"]) if trees and "bare" not in trees[0] else None
+    for index, tree in enumerate(trees):
+        if tree.get("branch") != f"refs/heads/{target}":
+            continue
+        if index > 0:
+            raise ToolError(f"branch {target!r} is checked out in the worktree {tree['worktree']}: a merge would "
+                            "leave its files behind the branch", advice=f"Switch that worktree to another "
+                            f"branch (git -C {tree['worktree']} switch --detach), or merge into another target.")
+        assert main is not None
+        status = [line for line in git(main, "status", "--porcelain", "--untracked-files=no").stdout.splitlines()
+                  if line.strip()]
+        if status:
+            raise ToolError(f"branch {target!r} is checked out in {main} with uncommitted changes: "
+                            f"{', '.join(line[3:] for line in status[:10])}",
+                            advice="Commit or stash them there, then merge again.")
+        return main
+    return None
+
+
+def _conflicts(repo: Path, head: str, branch: str) -> tuple[str | None, list[str]]:
+    """(merged tree, []) or (None, conflicting paths), by ``git merge-tree --write-tree``."""
+    done = git(repo, "merge-tree", "--write-tree", "--name-only", "-z", head, branch, check=False)
+    if done.returncode == 0:
+        return done.stdout.split("\0")[0].strip(), []
+    if done.returncode == 1 and done.stdout:
+        _tree, _, rest = done.stdout.partition("\0")
+        paths = rest.split("\0\0")[0].split("\0")
+        return None, sorted({p for p in paths if p})
+    raise GitFailed(f"git merge-tree: {(done.stderr or done.stdout).strip()[:500]}")
+
+
+def _landed(repo: Path, base: str | None, head: str) -> list[dict[str, str]]:
+    if not base:
+        return []
+    done = git(repo, "log", "--format=%H%x00%s%x00%an", f"{base}..{head}", "--max-count=50", check=False)
+    return [dict(zip(("commit", "subject", "author"), line.split("\0"), strict=False))
+            for line in done.stdout.splitlines() if line]
+
+
+def _move(repo: Path, target: str, new: str, old: str, intent_id: str, main: Path | None) -> None:
+    """Move ``target`` from ``old`` to ``new`` and record the intent, in one ref transaction; then bring the
+    main worktree's files along when it has the target checked out."""
+    git(repo, "update-ref", "--stdin", stdin=(f"start\nupdate refs/heads/{target} {new} {old}\n"
+                                                f"create {intent_ref(intent_id)} {new}\nprepare\ncommit\n"))
+    if main is not None:
+        git(main, "read-tree", "-m", "-u", old, new)
+
+
+def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
+    """Register sandbox_create, sandbox_discard, merge and revert_merge against ``repos``, and its reader."""
+
+    @registry.reader
+    async def read(resource: str) -> dict[str, Any] | None:
+        """A repository's branches' heads and its sandboxes; None for anything else."""
+        if not resource.startswith("repo:"):
+            return None
+
+        def work() -> dict[str, Any]:
+            repo = repos.path(resource)
+            heads = dict(line.split(" ", 1)[::-1] for line in git(
+                repo, "for-each-ref", "--format=%(objectname) %(refname:short)", "refs/heads/").stdout.splitlines())
+            return {"repository": resource, "heads": {k: v for k, v in heads.items()
+                                                      if not k.startswith(BRANCH_PREFIX)},
+                    "sandboxes": repos.sandboxes(repo)}
+
+        try:
+            return await asyncio.to_thread(work)
+        except ToolError:
+            return None
+
+    @registry.register("sandbox_create", SandboxCreateArgs, compensation="sandbox_discard")
+    async def sandbox_create(call: ToolCall) -> dict[str, Any]:
+        """Make the agent's worktree on branch arbiter/<agent>, from base."""
+        args = call.arguments
+        assert isinstance(args, SandboxCreateArgs)
+
+        def work() -> dict[str, Any]:
+            repo = repos.path(call.resource)
+            branch, path = branch_of(call.agent_id), repos.sandbox_path(repo, call.agent_id)
+            if not valid_ref_name(args.base) or not valid_ref_name(branch):
+                raise ToolError(f"base {args.base!r} or branch {branch!r} is not a branch name this tool accepts")
+            base = _commit(repo, args.base, "base")
+            mine = next((s for s in repos.sandboxes(repo) if s["agent"] == call.agent_id), None)
+            if mine is not None:
+                raise ToolError(f"{call.agent_id} has a sandbox of {call.resource} already, at {mine['path']}",
+                                sandbox=mine, advice="Work in it, merge it, or discard it first.")
+            if git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False).returncode == 0:
+                raise ToolError(f"branch {branch!r} exists without a sandbox: discard it (arbiter sandbox discard)")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            git(repo, "worktree", "add", "-b", branch, str(path), base)
+            return {"repository": call.resource, "agent": call.agent_id, "path": str(path), "branch": branch,
+                    "base": base, "base_ref": args.base}
+
+        return await asyncio.to_thread(work)
+
+    @registry.register("sandbox_discard", SandboxDiscardArgs)
+    async def sandbox_discard(call: ToolCall) -> dict[str, Any]:
+        """Remove the agent's worktree and its branch."""
+
+        def work() -> dict[str, Any]:
+            repo = repos.path(call.resource)
+            branch = branch_of(call.agent_id)
+            mine = next((s for s in repos.sandboxes(repo) if s["agent"] == call.agent_id), None)
+            if mine is not None:
+                git(repo, "worktree", "remove", "--force", mine["path"])
+            had_branch = git(repo, "branch", "-D", branch, check=False).returncode == 0
+            git(repo, "worktree", "prune")
+            return {"repository": call.resource, "agent": call.agent_id, "discarded": mine is not None or had_branch,
+                    "path": mine["path"] if mine else None, "head": mine["head"] if mine else None}
+
+        return await asyncio.to_thread(work)
+
+    @registry.register("merge", MergeArgs, compensation="revert_merge")
+    async def merge(call: ToolCall) -> dict[str, Any]:
+        """Merge the agent's sandbox branch into target (a merge commit, or a fast-forward by policy)."""
+        args = call.arguments
+        assert isinstance(args, MergeArgs)
+
+        def work() -> dict[str, Any]:
+            repo = repos.path(call.resource)
+            branch = branch_of(call.agent_id)
+            if not valid_ref_name(args.target):
+                raise ToolError(f"target {args.target!r} is not a branch name this tool accepts")
+            done = _recorded(repo, call.intent_id)
+            if done is not None:  # redelivered after it merged: the same answer, nothing again
+                return {"repository": call.resource, "merged": branch, "target": args.target, "head": done,
+                        "redelivered": True}
+            head = _commit(repo, f"refs/heads/{args.target}", "target branch")
+            work_head = _commit(repo, f"refs/heads/{branch}", f"{call.agent_id}'s sandbox branch")
+            if args.expect_head is not None and args.expect_head != head:
+                raise ToolError(f"{args.target} moved from {args.expect_head[:12]} to {head[:12]} since it was "
+                                "checked", conflict=True, head=head, landed=_landed(repo, args.expect_head, head),
+                                advice="Check again on the new head (box.merge does), then merge.")
+            main = _check_target(repos, repo, args.target)
+            if git(repo, "merge-base", "--is-ancestor", work_head, head, check=False).returncode == 0:
+                raise ToolError(f"nothing to merge: {branch} has no commit that {args.target} lacks",
+                                advice="Commit your work in the sandbox first.")
+            fast = git(repo, "merge-base", "--is-ancestor", head, work_head, check=False).returncode == 0
+            if args.strategy == "ff" and fast:
+                new = work_head
+            else:
+                tree, conflicts = _conflicts(repo, head, work_head)
+                if tree is None:
+                    raise ToolError(f"merging {branch} into {args.target} conflicts in {len(conflicts)} path(s): "
+                                    f"{', '.join(conflicts[:20])}", conflict=True, conflicts=conflicts, head=head,
+                                    landed=_landed(repo, args.base, head),
+                                    advice="Rebase the sandbox onto the new head (box.rebase()), resolve "
+                                               "these paths, commit, and merge again.")
+                message = f"{args.message}\n\nArbiter-Intent: {call.intent_id}\nArbiter-Agent: {call.agent_id}\n"
+                new = git(repo, "commit-tree", tree, "-p", head, "-p", work_head, stdin=message).stdout.strip()
+            _move(repo, args.target, new, head, call.intent_id, main)
+            return {"repository": call.resource, "merged": branch, "target": args.target, "head": new,
+                    "previous": head, "fast_forward": new == work_head}
+
+        return await asyncio.to_thread(work)
+
+    @registry.register("revert_merge", RevertArgs)
+    async def revert_merge(call: ToolCall) -> dict[str, Any]:
+        """Revert what a merge brought into target, as a new commit (a saga's undo of merge)."""
+        args = call.arguments
+        assert isinstance(args, RevertArgs)
+
+        def work() -> dict[str, Any]:
+            repo = repos.path(call.resource)
+            done = _recorded(repo, call.intent_id)
+            if done is not None:
+                return {"repository": call.resource, "reverted": args.merge_intent_id, "head": done,
+                        "redelivered": True}
+            merged = _recorded(repo, args.merge_intent_id)
+            if merged is None:
+                return {"repository": call.resource, "reverted": None, "note": "no such merge; nothing to undo"}
+            head = _commit(repo, f"refs/heads/{args.target}", "target branch")
+            main = _check_target(repos, repo, args.target)
+            parents = git(repo, "rev-list", "--parents", "-n", "1", merged).stdout.split()[1:]
+            before = parents[0] if parents else merged
+            scratch = Path(tempfile.mkdtemp(prefix="arbiter-revert-"))
+            try:
+                git(repo, "worktree", "add", "--detach", str(scratch), head)
+                revert = ["revert", "--no-edit"] + (["-m", "1", merged] if len(parents) > 1 else [merged])
+                if git(scratch, *revert, check=False).returncode != 0:
+                    paths = git(scratch, "diff", "--name-only", "--diff-filter=U").stdout.split()
+                    raise ToolError(f"reverting the merge of {args.merge_intent_id} conflicts with what landed "
+                                    f"since: {', '.join(paths[:20])}", conflicts=paths, head=head,
+                                    advice="A human must undo it by hand.")
+                new = _commit(scratch, "HEAD", "revert")
+            finally:
+                git(repo, "worktree", "remove", "--force", str(scratch), check=False)
+                shutil.rmtree(scratch, ignore_errors=True)
+            _move(repo, args.target, new, head, call.intent_id, main)
+            return {"repository": call.resource, "reverted": args.merge_intent_id, "merge": merged,
+                    "before": before, "head": new, "previous": head}
+
+        return await asyncio.to_thread(work)

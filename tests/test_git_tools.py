@@ -1,0 +1,169 @@
+"""The git tools on real repositories, without a broker: sandboxes, merges, conflicts by path,
+refusals that change nothing, a redelivered merge that does not merge twice, and a revert."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from arbiter.schemas import ToolIntent
+from arbiter.streams.tools.git import Repos, git, intent_ref, register_git_tools
+from arbiter.streams.tools.registry import ToolRegistry
+
+
+def sh(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def make_repo(root: Path, files: dict[str, str] | None = None) -> Path:
+    """A real repository with one commit on main."""
+    repo = root / "app"
+    repo.mkdir()
+    sh(repo, "init", "-q", "-b", "main")
+    sh(repo, "config", "user.email", "dev@example.com")
+    sh(repo, "config", "user.name", "dev")
+    for name, text in (files or {"auth.py": "def login():\n    return 1\n", "README": "app\n"}).items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    sh(repo, "add", "-A")
+    sh(repo, "commit", "-qm", "init")
+    return repo
+
+
+def commit(path: Path, name: str, text: str, message: str) -> str:
+    (path / name).write_text(text)
+    sh(path, "add", name)
+    sh(path, "-c", "user.email=a@example.com", "-c", "user.name=agent", "commit", "-qm", message)
+    return sh(path, "rev-parse", "HEAD")
+
+
+class Tools:
+    def __init__(self, repo: Path) -> None:
+        self.registry = ToolRegistry()
+        register_git_tools(self.registry, Repos({"app": repo}))
+        self.count = 0
+
+    def __call__(self, agent: str, tool: str, args: dict[str, Any], intent_id: str | None = None
+                 ) -> tuple[bool, dict[str, Any]]:
+        self.count += 1
+        intent = ToolIntent(intent_id=intent_id or f"i{self.count}", agent_id=agent, resource="repo:app", tool=tool,
+                            arguments_json=json.dumps(args), token=1, sent_at_ms=0)
+        parsed = self.registry.parse(intent)
+        assert not isinstance(parsed, str), parsed
+        outcome = asyncio.run(self.registry.run(intent, parsed))
+        if outcome.ok:
+            return True, json.loads(outcome.result_json)
+        return False, {"error": outcome.error, "reason": outcome.reason, **dict(outcome.details)}
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    return make_repo(tmp_path)
+
+
+def test_a_sandbox_per_agent_and_a_clean_merge_moves_main_once(repo: Path) -> None:
+    tools = Tools(repo)
+    ok, box = tools("ann", "sandbox_create", {"base": "main"})
+    assert ok and box["branch"] == "arbiter/ann" and Path(box["path"]).is_dir(), box
+    assert box["base"] == sh(repo, "rev-parse", "main")
+    again, refused = tools("ann", "sandbox_create", {})
+    assert not again and "already" in refused["error"], refused
+    commit(Path(box["path"]), "notes.md", "hello\n", "notes")
+    before = sh(repo, "rev-parse", "main")
+    ok, merged = tools("ann", "merge", {"message": "ann: notes"}, intent_id="merge-1")
+    assert ok and merged["previous"] == before, merged
+    assert sh(repo, "rev-parse", "main") == merged["head"] != before
+    assert sh(repo, "rev-parse", intent_ref("merge-1")) == merged["head"]
+    assert (repo / "notes.md").read_text() == "hello\n", "the main worktree follows its branch"
+    assert sh(repo, "status", "--porcelain") == ""
+    # Redelivered (a worker killed after the merge, before its offset was committed): no second merge.
+    ok, replayed = tools("ann", "merge", {"message": "ann: notes"}, intent_id="merge-1")
+    assert ok and replayed["head"] == merged["head"] and replayed["redelivered"]
+    assert sh(repo, "rev-list", "--count", "main") == "3"  # init, the work, one merge commit
+    ok, gone = tools("ann", "sandbox_discard", {})
+    assert ok and gone["discarded"] and not Path(box["path"]).exists()
+    assert "arbiter/ann" not in sh(repo, "branch", "--list")
+
+
+def test_two_agents_on_one_function_the_second_gets_the_paths_and_rebases(repo: Path) -> None:
+    tools = Tools(repo)
+    _, ann = tools("ann", "sandbox_create", {})
+    _, bob = tools("bob", "sandbox_create", {})
+    commit(Path(ann["path"]), "auth.py", "def login():\n    return 2\n", "ann: login returns 2")
+    commit(Path(bob["path"]), "auth.py", "def login():\n    return 3\n", "bob: login returns 3")
+    ok, merged = tools("ann", "merge", {"message": "ann", "base": ann["base"]})
+    assert ok, merged
+    ok, conflict = tools("bob", "merge", {"message": "bob", "base": bob["base"]})
+    assert not ok and conflict["reason"] == "version_conflict", conflict
+    assert conflict["conflicts"] == ["auth.py"] and conflict["head"] == merged["head"]
+    assert [c["subject"] for c in conflict["landed"]] == ["ann", "ann: login returns 2"], conflict["landed"]
+    assert sh(repo, "rev-parse", "main") == merged["head"], "a conflict changes nothing"
+    # Bob rebases, resolves the path git named, and merges.
+    bob_path = Path(bob["path"])
+    rebase = subprocess.run(["git", "-C", str(bob_path), "rebase", "main"], capture_output=True, text=True)
+    assert rebase.returncode != 0
+    (bob_path / "auth.py").write_text("def login():\n    return 2 + 3\n")
+    sh(bob_path, "add", "auth.py")
+    subprocess.run(["git", "-C", str(bob_path), "-c", "core.editor=true", "rebase", "--continue"], check=True,
+                   capture_output=True)
+    ok, second = tools("bob", "merge", {"message": "bob, rebased"})
+    assert ok, second
+    assert (repo / "auth.py").read_text() == "def login():\n    return 2 + 3\n"
+
+
+def test_refusals_say_what_to_do_and_change_nothing(repo: Path, tmp_path: Path) -> None:
+    tools = Tools(repo)
+    _, ann = tools("ann", "sandbox_create", {})
+    head = sh(repo, "rev-parse", "main")
+    ok, nothing = tools("ann", "merge", {"message": "empty"})
+    assert not ok and "nothing to merge" in nothing["error"]
+    commit(Path(ann["path"]), "x.txt", "x\n", "x")
+    ok, missing = tools("ann", "merge", {"message": "m", "target": "release"})
+    assert not ok and "'refs/heads/release' does not exist" in missing["error"], missing
+    ok, bad = tools("ann", "sandbox_create", {"base": "--upload-pack=x"})
+    assert not ok and "not a branch name" in bad["error"], bad
+    (repo / "README").write_text("edited, not committed\n")
+    ok, dirty = tools("ann", "merge", {"message": "m"})
+    assert not ok and "uncommitted changes: README" in dirty["error"] and "advice" in dirty, dirty
+    sh(repo, "checkout", "--", "README")
+    sh(repo, "branch", "release")
+    sh(repo, "worktree", "add", "-q", str(tmp_path / "rel"), "release")
+    ok, elsewhere = tools("ann", "merge", {"message": "m", "target": "release"})
+    assert not ok and "checked out in the worktree" in elsewhere["error"], elsewhere
+    ok, moved = tools("ann", "merge", {"message": "m", "expect_head": "0" * 40})
+    assert not ok and moved["reason"] == "version_conflict" and "moved" in moved["error"], moved
+    assert sh(repo, "rev-parse", "main") == head and sh(repo, "rev-parse", "release") == head
+    registry = ToolRegistry()
+    register_git_tools(registry, Repos({}))
+    intent = ToolIntent(intent_id="u", agent_id="ann", resource="repo:nope", tool="merge",
+                        arguments_json='{"message": "m"}', token=1, sent_at_ms=0)
+    parsed = registry.parse(intent)
+    assert not isinstance(parsed, str)
+    outcome = asyncio.run(registry.run(intent, parsed))
+    assert not outcome.ok and "no repository 'nope'" in outcome.error
+
+
+def test_a_revert_undoes_a_merge_as_a_new_commit_once(repo: Path) -> None:
+    tools = Tools(repo)
+    _, ann = tools("ann", "sandbox_create", {})
+    commit(Path(ann["path"]), "feature.py", "on = True\n", "feature")
+    ok, merged = tools("ann", "merge", {"message": "feature"}, intent_id="m-1")
+    assert ok and (repo / "feature.py").exists()
+    undo = "saga:ann/x:1f|undo|0|1"  # a saga's ids hold characters no ref name may
+    ok, reverted = tools("saga:ann/x", "revert_merge", {"merge_intent_id": "m-1"}, intent_id=undo)
+    assert ok and reverted["previous"] == merged["head"], reverted
+    assert not (repo / "feature.py").exists() and sh(repo, "rev-parse", "main") == reverted["head"]
+    ok, again = tools("saga:ann/x", "revert_merge", {"merge_intent_id": "m-1"}, intent_id=undo)
+    assert ok and again["redelivered"] and sh(repo, "rev-list", "--count", "main") == "4"  # init, work, merge, revert
+    ok, none = tools("saga:ann/x", "revert_merge", {"merge_intent_id": "never"}, intent_id="r-2")
+    assert ok and none["reverted"] is None
+
+
+def test_git_is_the_one_this_machine_has() -> None:
+    version = git(Path("."), "--version").stdout
+    assert version.startswith("git version 2."), version

@@ -175,3 +175,45 @@ def gc(ctx: click.Context, repo: str, yes: bool) -> None:
     if yes:
         git(path, "worktree", "prune", check=False)
     click.echo(json.dumps({"repository": f"repo:{name}", "gone": stale, "removed": yes}))
+
+
+@sandbox.command("hook")
+@_agent_option
+@click.option("--repo", "repo", default=None, help="The repository (default: the one the payload's cwd is in).")
+@click.pass_context
+def hook(ctx: click.Context, agent: str, repo: str | None) -> None:
+    """Claude Code's WorktreeCreate hook: read its JSON payload on stdin, make AGENT's sandbox of the
+    repository the payload's ``cwd`` is in (from its ``base_ref``/``base_commit``, else main), and print
+    only the sandbox's absolute path, as the hook's contract asks. Errors go to stderr, exit 1."""
+    import sys
+
+    from arbiter.agents import ArbiterClient, SandboxRefused
+    from arbiter.agents.sandbox import open_sandbox
+    from arbiter.streams.tools.git import git
+
+    try:
+        payload = json.loads(sys.stdin.read() or "{}")
+    except ValueError as exc:
+        fail(f"the hook's payload on stdin is not JSON: {exc}")
+    if not isinstance(payload, dict):
+        fail("the hook's payload on stdin is not a JSON object")
+    if repo is None:
+        cwd = Path(str(payload.get("cwd") or ".")).expanduser()
+        top = git(cwd, "rev-parse", "--path-format=absolute", "--git-common-dir", check=False)
+        if top.returncode != 0:
+            fail(f"the payload's cwd {str(cwd)!r} is not in a git repository")
+        root = Path(top.stdout.strip())
+        repo = str(root.parent if root.name == ".git" else root)
+    name, _path = _repo(ctx, repo)
+    base = str(payload.get("base_ref") or payload.get("base_commit") or "main")
+
+    async def run() -> Any:
+        async with ArbiterClient(agent, settings_of(ctx)) as client:
+            return await open_sandbox(client, f"repo:{name}", base, 60.0, 600.0)
+
+    try:
+        box = lock_run(settings_of(ctx), run())
+    except SandboxRefused as exc:
+        fail(f"no sandbox for {agent}: {exc.outcome.diagnostic.get('error', exc.outcome.reason)}")
+    say(f"sandbox of repo:{name} for {agent} on {box.branch} from {box.base[:12]}")
+    click.echo(str(box.path))

@@ -200,3 +200,32 @@ async def test_the_cli_answers_one_object_refuses_a_second_sandbox_and_collects_
     assert "arbiter/fay" in sh(repo, "branch", "--list")
     removed = await asyncio.to_thread(cli, "gc", "--repo", "app", "--yes")
     assert removed.returncode == 0 and "arbiter/fay" not in sh(repo, "branch", "--list")
+
+
+async def test_claude_codes_worktree_hook_gets_only_the_sandbox_path(stack: tuple[Settings, Path]) -> None:
+    """The WorktreeCreate hook's contract: a JSON payload on stdin, only the worktree's absolute path on stdout."""
+    import json
+    import sys
+
+    from arbiter.agents.identities import Registrar
+    from arbiter.processes import settings_env
+
+    settings, repo = stack
+    env = {**settings_env(settings), "ARBITER_AUTO_ENROLL": "false"}
+    await Registrar(settings).add("claude-1")
+    payload = {"hook_event_name": "WorktreeCreate", "session_id": "s-1", "name": "feature-x",
+               "cwd": str(repo), "transcript_path": "/dev/null"}
+
+    def hook(stdin: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "arbiter", "sandbox", "hook", "--agent", "claude-1"], env=env,
+                              input=stdin, capture_output=True, text=True, timeout=120)
+
+    made = await asyncio.to_thread(hook, json.dumps(payload))
+    assert made.returncode == 0, made.stderr
+    lines = made.stdout.splitlines()
+    assert len(lines) == 1 and Path(lines[0]).is_absolute(), made.stdout
+    assert sh(Path(lines[0]), "rev-parse", "--abbrev-ref", "HEAD") == "arbiter/claude-1"
+    bad = await asyncio.to_thread(hook, "not json")
+    assert bad.returncode == 1 and bad.stdout == "" and "not JSON" in bad.stderr
+    again = await asyncio.to_thread(hook, json.dumps(payload))
+    assert again.returncode == 1 and again.stdout == "" and "already" in again.stderr

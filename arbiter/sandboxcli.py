@@ -211,9 +211,18 @@ def hook(ctx: click.Context, agent: str, repo: str | None) -> None:
         async with ArbiterClient(agent, settings_of(ctx)) as client:
             return await open_sandbox(client, f"repo:{name}", base, 60.0, 600.0)
 
+    import contextlib
+    import io
+
+    answer = io.StringIO()  # stdout is the hook's answer: the path and nothing else
     try:
-        box = lock_run(settings_of(ctx), run())
+        with contextlib.redirect_stdout(answer):
+            box = lock_run(settings_of(ctx), run())
     except SandboxRefused as exc:
         fail(f"no sandbox for {agent}: {exc.outcome.diagnostic.get('error', exc.outcome.reason)}")
+    except SystemExit as exc:  # lock_run answered a failure (unreachable, no identity...): say it on stderr
+        why = json.loads(answer.getvalue() or "{}")
+        fail(f"no sandbox for {agent}: {why.get('reason', 'failed')}: {why.get('detail', '')}".rstrip(": "),
+             str(why.get("what_to_do", "")), code=int(exc.code) if isinstance(exc.code, int) else 1)
     say(f"sandbox of repo:{name} for {agent} on {box.branch} from {box.base[:12]}")
     click.echo(str(box.path))

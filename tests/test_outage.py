@@ -85,7 +85,7 @@ class Cli:
     def __call__(self, *args: str, timeout: float = 90) -> Ran:
         started = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "arbiter", *args], capture_output=True, text=True,
-                              env=self.env, timeout=timeout, check=False, cwd=self.folder)
+                              env=self.env, timeout=timeout, check=False, cwd=self.folder, stdin=subprocess.DEVNULL)
         return Ran(args, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
 
 
@@ -154,6 +154,7 @@ OTHER_VERBS: list[tuple[str, ...]] = [
     ("ping", "--count", "1"), ("saga", "abort", SAGA, "--reason", "outage"), ("topics", "create"),
     ("topics", "list"), ("topics", "delete", "tzz-none."), ("worker",), ("serve", "--port", "0"),
     ("demo", "--workers", "1"), ("chaos", "calm", "--duration", "5"), ("sandbox", "gc", "--repo", "app"),
+    ("sandbox", "hook", "--agent", "alice", "--repo", "app"),
 ]
 """Every other verb that needs Kafka. Not here: ``kafka up``/``down``/``reset`` (they act on the local
 broker itself; ``tests/test_localkafka.py``), ``kafka status`` (below)."""

@@ -133,6 +133,17 @@ class Sandbox:
         return CheckResult(command, code == 0, code, round(time.monotonic() - started, 3),
                            out.decode(errors="replace")[-CHECK_OUTPUT:])
 
+    async def claim(self, paths: Sequence[str], *, ttl: float = 30.0, wait: float = 600.0) -> list[dict[str, Any]]:
+        """Announce the paths this agent works on (globs: ``src/auth/**``), replacing its earlier claim;
+        ``[]`` withdraws it. Returns the other agents' claims that overlap (``agent``, ``claims``,
+        ``paths``). Claims block nothing: they are for an agent to see before it starts, and a merge
+        conflict names the claims over its paths."""
+        async with self.client.lease(self.repository, ttl=ttl, wait=wait) as lease:
+            outcome = await self.client.execute(lease, "claim", {"paths": list(paths)})
+        if not outcome.applied:
+            raise SandboxRefused(outcome)
+        return list(outcome.result["overlapping"])
+
     async def rebase(self) -> list[str]:
         """Rebase the sandbox onto the target's head. Returns the conflicting paths ([]: done); on a
         conflict the rebase is aborted and the sandbox is as it was."""

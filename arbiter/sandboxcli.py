@@ -130,6 +130,25 @@ def merge(ctx: click.Context, repo: str, agent: str, message: str, target: str, 
         _answer({"merged": False, "reason": outcome.reason, **outcome.diagnostic}, "refused")
 
 
+@sandbox.command("claims")
+@_repo_option
+@click.option("--paths", default="", help="Comma-separated paths or globs: show only the claims that overlap them.")
+@click.option("--agent", default="", help="Leave this agent's own claim out.")
+@click.pass_context
+def claims(ctx: click.Context, repo: str, paths: str, agent: str) -> None:
+    """Which agents claimed which paths (box.claim), and, with --paths, whose claims overlap those, before
+    the work starts. Claims block nothing: git decides conflicts."""
+    from arbiter.streams.tools.git import Repos, overlapping, read_claims
+
+    name, path = _repo(ctx, repo)
+    kept = read_claims(Repos({name: path}, settings_of(ctx).sandbox_root), path)
+    wanted = [p.strip() for p in paths.split(",") if p.strip()]
+    body: dict[str, Any] = {"repository": f"repo:{name}", "claims": kept}
+    if wanted:
+        body["overlapping"] = overlapping(kept, wanted, but=agent)
+    click.echo(json.dumps(body))
+
+
 @sandbox.command("discard")
 @_repo_option
 @_agent_option

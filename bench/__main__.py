@@ -13,6 +13,9 @@ through one front door (``arbiter serve``) beside the direct-Kafka SDK (``bench.
 (``bench.failover``), run only when named.
 ``python -m bench checkpoint [--messages 200000] [--after 5000,20000,50000]``: an audit resumed from a
 checkpoint beside one from zero (``bench.checkpoint``, no broker), run only when named.
+``python -m bench merges [--agents 4] [--rounds 3] [--sizes 100,1000,10000]``: the merge queue's
+merges/s with and without a 1 s check, and git merge-tree's preflight time against repository size
+(``bench.merges``), run only when named.
 The Kafka benchmarks need a broker (``./dev bench`` starts the local one) and start
 their own worker processes on topics of their own.
 """
@@ -86,6 +89,10 @@ def main() -> None:
     if sys.argv[1:2] == ["checkpoint"]:  # audit from a checkpoint: cost per new message, no broker
         from . import checkpoint
         checkpoint.main(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["merges"]:  # coding agents' merge queue, and preflight time against repository size
+        from . import merges
+        merges.main(sys.argv[2:])
         return
     if sys.argv[1:2] == ["failover"]:  # SIGKILLed workers, time until their resources are granted again
         from . import failover

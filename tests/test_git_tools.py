@@ -167,3 +167,31 @@ def test_a_revert_undoes_a_merge_as_a_new_commit_once(repo: Path) -> None:
 def test_git_is_the_one_this_machine_has() -> None:
     version = git(Path("."), "--version").stdout
     assert version.startswith("git version 2."), version
+
+
+def test_claims_are_announced_seen_and_named_in_a_conflict_and_never_block(repo: Path) -> None:
+    tools = Tools(repo)
+    _, ann = tools("ann", "sandbox_create", {})
+    _, bob = tools("bob", "sandbox_create", {})
+    ok, mine = tools("ann", "claim", {"paths": ["auth.py", "src/auth/**"]})
+    assert ok and mine["claims"] == ["auth.py", "src/auth/**"] and mine["overlapping"] == []
+    ok, seen = tools("bob", "claim", {"paths": ["src/**", "docs/"]})
+    assert ok and seen["overlapping"] == [{"agent": "ann", "claims": ["auth.py", "src/auth/**"],
+                                           "paths": ["src/**"]}], seen
+    commit(Path(ann["path"]), "auth.py", "def login():\n    return 2\n", "ann")
+    commit(Path(bob["path"]), "auth.py", "def login():\n    return 3\n", "bob")
+    ok, _ = tools("bob", "merge", {"message": "bob first"})  # a claim blocks nothing
+    assert ok
+    ok, conflict = tools("ann", "merge", {"message": "ann"})
+    assert not ok and conflict["conflicts"] == ["auth.py"]
+    assert conflict["claimed_by"] == [], "ann's own claim is not named to ann"
+    tools("bob", "claim", {"paths": ["auth.py"]})
+    ok, again = tools("ann", "merge", {"message": "ann"})
+    assert [c["agent"] for c in again["claimed_by"]] == ["bob"], again
+    ok, bad = tools("ann", "claim", {"paths": ["--output=x"]})
+    assert not ok and "glob pattern" in bad["error"]
+    tools("bob", "sandbox_discard", {})
+    ok, left = tools("ann", "claim", {"paths": ["auth.py"]})
+    assert ok and left["overlapping"] == [], "a discarded sandbox's claim is gone"
+    ok, none = tools("ann", "claim", {"paths": []})
+    assert ok and none["claims"] == []

@@ -160,7 +160,7 @@ OTHER_VERBS: list[tuple[str, ...]] = [
 broker itself; ``tests/test_localkafka.py``), ``kafka status`` (below)."""
 NO_KAFKA_VERBS: list[tuple[str, ...]] = [
     ("ledger", "open", "out-2", "--balance", "5"), ("ledger", "show"), ("ledger", "tools"),
-    ("sandbox", "list", "--repo", "app"),
+    ("sandbox", "list", "--repo", "app"), ("sandbox", "claims", "--repo", "app"),
 ]
 """Verbs that never talk to Kafka (the ledger's database, the repository): they work through an outage."""
 

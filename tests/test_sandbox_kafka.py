@@ -71,12 +71,17 @@ async def test_a_conflict_names_its_paths_the_rebase_says_so_and_the_redone_work
     settings, repo = stack
     async with ArbiterClient("ann", settings) as ann, ArbiterClient("bob", settings) as bob, \
             ann.sandbox("app") as a, bob.sandbox("app") as b:
+        assert await a.claim(["auth.py"]) == []
+        seen = await b.claim(["*.py"])  # before bob starts: ann works there
+        assert [c["agent"] for c in seen] == ["ann"], seen
+        await b.claim([])
         commit(a.path, "auth.py", "def login():\n    return 2\n", "ann: login returns 2")
         commit(b.path, "auth.py", "def login():\n    return 3\n", "bob: login returns 3")
         assert (await a.merge("ann")).applied
         conflict = await b.merge("bob")
         assert not conflict.applied and conflict.reason == "version_conflict", conflict.diagnostic
         assert conflict.diagnostic["conflicts"] == ["auth.py"]
+        assert [c["agent"] for c in conflict.diagnostic["claimed_by"]] == ["ann"]
         assert "ann: login returns 2" in [c["subject"] for c in conflict.diagnostic["landed"]]
         assert await b.rebase() == ["auth.py"]
         sh(b.path, "reset", "-q", "--hard", "main")  # bob redoes his change on the new head
@@ -192,6 +197,8 @@ async def test_the_cli_answers_one_object_refuses_a_second_sandbox_and_collects_
     assert again.returncode == 1 and "already" in json.loads(again.stdout)["error"], again.stdout
     nothing = await asyncio.to_thread(cli, "merge", "--repo", "app", "--agent", "fay", "-m", "empty")
     assert nothing.returncode == 1 and "nothing to merge" in json.loads(nothing.stdout)["error"]
+    claims = await asyncio.to_thread(cli, "claims", "--repo", "app", "--paths", "src/x.py")
+    assert claims.returncode == 0 and json.loads(claims.stdout)["overlapping"] == [], claims.stdout
     unknown = await asyncio.to_thread(cli, "list", "--repo", "nope")
     assert unknown.returncode == 1 and "no repository 'nope'" in unknown.stderr
     await Registrar(settings).revoke("fay", "left")

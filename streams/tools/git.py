@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -102,6 +103,13 @@ class MergeArgs(BaseModel):
     """The commit the agent's work started from (its sandbox's base): conflicts list what landed since."""
     expect_head: str | None = Field(default=None, max_length=64)
     """Refuse (``version_conflict``) unless the target is still at this commit: what the agent checked."""
+
+
+class ClaimArgs(BaseModel):
+    """Announce the paths the agent works on (glob patterns, ``**`` for any depth); [] withdraws."""
+
+    model_config = ConfigDict(extra="forbid")
+    paths: list[str] = Field(max_length=200)
 
 
 class RevertArgs(BaseModel):
@@ -230,6 +238,71 @@ def _landed(repo: Path, base: str | None, head: str) -> list[dict[str, str]]:
             for line in done.stdout.splitlines() if line]
 
 
+def glob_match(pattern: str, path: str) -> bool:
+    """``path`` matches ``pattern``: ``*`` within one segment, ``**`` across any number, a trailing ``/`` a folder."""
+    pattern = pattern.strip().lstrip("./") or "**"
+    if pattern.endswith("/"):
+        pattern += "**"
+    regex, i = "", 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            regex, i = regex + "(?:.*/)?", i + 3
+        elif pattern.startswith("**", i):
+            regex, i = regex + ".*", i + 2
+        elif pattern[i] == "*":
+            regex, i = regex + "[^/]*", i + 1
+        elif pattern[i] == "?":
+            regex, i = regex + "[^/]", i + 1
+        else:
+            regex, i = regex + re.escape(pattern[i]), i + 1
+    return re.fullmatch(regex, path) is not None
+
+
+def claims_file(repos: Repos, repo: Path) -> Path:
+    """Where a repository's path claims are kept (beside its sandboxes)."""
+    return repos.git_dir(repo) / "arbiter" / "claims.json"
+
+
+def read_claims(repos: Repos, repo: Path) -> dict[str, list[str]]:
+    """Every agent's claimed patterns."""
+    path = claims_file(repos, repo)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {str(k): [str(p) for p in v] for k, v in data.items() if isinstance(v, list)} if isinstance(data, dict) \
+        else {}
+
+
+def _literal(pattern: str) -> str:
+    """A pattern's part before its first wildcard."""
+    return re.split(r"[*?\[]", pattern.strip().lstrip("./"), maxsplit=1)[0]
+
+
+def patterns_overlap(a: str, b: str) -> bool:
+    """Whether two claims (globs, or plain paths) may name a common path. A path is matched exactly; two
+    globs overlap when one's fixed beginning starts the other's (conservative: they may)."""
+    a_glob, b_glob = _literal(a) != a.strip().lstrip("./"), _literal(b) != b.strip().lstrip("./")
+    if not a_glob:
+        return glob_match(b, a.strip().lstrip("./")) or (not b_glob and a.strip() == b.strip())
+    if not b_glob:
+        return glob_match(a, b.strip().lstrip("./"))
+    pa, pb = _literal(a), _literal(b)
+    return pa.startswith(pb) or pb.startswith(pa)
+
+
+def overlapping(claims: dict[str, list[str]], items: list[str], but: str = "") -> list[dict[str, Any]]:
+    """The claims of agents other than ``but`` that may cover any of ``items`` (paths or patterns)."""
+    out = []
+    for agent, patterns in sorted(claims.items()):
+        if agent == but:
+            continue
+        hits = sorted({item for item in items for pattern in patterns if patterns_overlap(pattern, item)})
+        if hits:
+            out.append({"agent": agent, "claims": patterns, "paths": hits})
+    return out
+
+
 def _move(repo: Path, target: str, new: str, old: str, intent_id: str, main: Path | None) -> None:
     """Move ``target`` from ``old`` to ``new`` and record the intent, in one ref transaction; then bring the
     main worktree's files along when it has the target checked out."""
@@ -254,7 +327,7 @@ def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
                 repo, "for-each-ref", "--format=%(objectname) %(refname:short)", "refs/heads/").stdout.splitlines())
             return {"repository": resource, "heads": {k: v for k, v in heads.items()
                                                       if not k.startswith(BRANCH_PREFIX)},
-                    "sandboxes": repos.sandboxes(repo)}
+                    "sandboxes": repos.sandboxes(repo), "claims": read_claims(repos, repo)}
 
         try:
             return await asyncio.to_thread(work)
@@ -298,8 +371,40 @@ def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
                 git(repo, "worktree", "remove", "--force", mine["path"])
             had_branch = git(repo, "branch", "-D", branch, check=False).returncode == 0
             git(repo, "worktree", "prune")
+            claims = read_claims(repos, repo)
+            if claims.pop(call.agent_id, None) is not None:
+                path = claims_file(repos, repo)
+                path.with_suffix(".tmp").write_text(json.dumps(claims, sort_keys=True, indent=1))
+                os.replace(path.with_suffix(".tmp"), path)
             return {"repository": call.resource, "agent": call.agent_id, "discarded": mine is not None or had_branch,
                     "path": mine["path"] if mine else None, "head": mine["head"] if mine else None}
+
+        return await asyncio.to_thread(work)
+
+    @registry.register("claim", ClaimArgs)
+    async def claim(call: ToolCall) -> dict[str, Any]:
+        """Announce the paths the agent works on (replacing its earlier claim); answer whose claims overlap.
+        Claims never block anything: git decides conflicts."""
+        args = call.arguments
+        assert isinstance(args, ClaimArgs)
+
+        def work() -> dict[str, Any]:
+            repo = repos.path(call.resource)
+            patterns = sorted({p.strip() for p in args.paths if p.strip()})
+            if any(len(p) > 500 or p.startswith("-") or "\0" in p for p in patterns):
+                raise ToolError("a claimed path is a glob pattern of at most 500 characters, not starting with '-'")
+            claims = read_claims(repos, repo)
+            if patterns:
+                claims[call.agent_id] = patterns
+            else:
+                claims.pop(call.agent_id, None)
+            path = claims_file(repos, repo)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            scratch = path.with_suffix(".tmp")
+            scratch.write_text(json.dumps(claims, sort_keys=True, indent=1))
+            os.replace(scratch, path)  # whole or not at all
+            return {"repository": call.resource, "agent": call.agent_id, "claims": patterns,
+                    "overlapping": overlapping(claims, patterns, but=call.agent_id)}
 
         return await asyncio.to_thread(work)
 
@@ -337,6 +442,7 @@ def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
                     raise ToolError(f"merging {branch} into {args.target} conflicts in {len(conflicts)} path(s): "
                                     f"{', '.join(conflicts[:20])}", conflict=True, conflicts=conflicts, head=head,
                                     landed=_landed(repo, args.base, head),
+                                    claimed_by=overlapping(read_claims(repos, repo), conflicts, but=call.agent_id),
                                     advice="Rebase the sandbox onto the new head (box.rebase()), resolve "
                                                "these paths, commit, and merge again.")
                 message = f"{args.message}\n\nArbiter-Intent: {call.intent_id}\nArbiter-Agent: {call.agent_id}\n"

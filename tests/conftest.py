@@ -55,6 +55,22 @@ def isolated_settings(bootstrap: str, tmp_home: Path, **overrides: object) -> Se
     return settings
 
 
+def share_broker_jars(home: Path) -> Path:
+    """Give a test's own broker home the jars the main broker fetched, when they are current (no second
+    download from Maven Central); ``home``."""
+    import hashlib
+
+    from arbiter.kafka import POM, LocalKafka
+
+    shared = LocalKafka(load_settings()).libs
+    stamp = shared / ".pom-sha256"
+    if stamp.exists() and stamp.read_text().strip() == hashlib.sha256(POM.read_bytes()).hexdigest():
+        (home / "kafka").mkdir(parents=True, exist_ok=True)
+        if not (home / "kafka" / "libs").exists():
+            (home / "kafka" / "libs").symlink_to(shared)
+    return home
+
+
 _THROWAWAY: list[Settings] = []
 """Every test's settings: their topics are deleted when the session ends."""
 

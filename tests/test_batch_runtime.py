@@ -27,7 +27,7 @@ from arbiter.streams.runtime.common import TABLES
 from arbiter.streams.runtime.topics import ensure_topics
 from arbiter.streams.runtime.worker import ChangelogTable
 
-from .conftest import assert_clean_audit, isolated_settings
+from .conftest import assert_clean_audit, isolated_settings, share_broker_jars
 
 # -- the tables (no broker) ---------------------------------------------------------------
 
@@ -222,7 +222,6 @@ async def test_a_busy_worker_carries_on_after_its_broker_is_killed_and_restarted
     """kill -9 of the (only) broker in the middle of a burst: the worker's writes and commits fail,
     it rewinds to its last commit and retries until the broker is back, without restarting; then
     every request is granted, each with the token it would have had anyway, and the audit passes."""
-    import hashlib
     import os
     import signal
     import socket
@@ -231,8 +230,7 @@ async def test_a_busy_worker_carries_on_after_its_broker_is_killed_and_restarted
 
     from arbiter.edge.clock import now_ms
     from arbiter.edge.keys import signer_for
-    from arbiter.edge.settings import load_settings
-    from arbiter.kafka import POM, LocalKafka
+    from arbiter.kafka import LocalKafka
     from arbiter.schemas import LockRequested, default_codec
     from arbiter.schemas.identity import ROLE_WORKER
 
@@ -244,11 +242,7 @@ async def test_a_busy_worker_carries_on_after_its_broker_is_killed_and_restarted
     port = free_port()
     own = Settings(home=tmp_path / "broker", kafka_port=port, kafka_controller_port=free_port(),
                    bootstrap=f"127.0.0.1:{port}", kafka_heap="384m")
-    shared = LocalKafka(load_settings()).libs  # the jars the main broker fetched
-    stamp = shared / ".pom-sha256"
-    if stamp.exists() and stamp.read_text().strip() == hashlib.sha256(POM.read_bytes()).hexdigest():
-        (own.home / "kafka").mkdir(parents=True)
-        (own.home / "kafka" / "libs").symlink_to(shared)
+    share_broker_jars(own.home)
     broker = LocalKafka(own)
     await asyncio.to_thread(broker.up)  # (LocalKafka runs event loops of its own)
     settings = isolated_settings(own.bootstrap, tmp_path / "arbiter")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import random
 import signal
@@ -34,14 +33,14 @@ from aiokafka.client import AIOKafkaClient, CoordinationType
 
 from arbiter.agents import ArbiterClient
 from arbiter.audit.log import read_log
-from arbiter.edge.settings import Settings, load_settings
-from arbiter.kafka import POM, LocalKafka, LocalKafkaError, local_cluster_settings
+from arbiter.edge.settings import Settings
+from arbiter.kafka import LocalKafka, LocalKafkaError, local_cluster_settings
 from arbiter.processes import WorkerPool, wait_until_served
 from arbiter.schemas import LockGranted
 from arbiter.schemas.partitioning import key_for_partition, partition_for
 from arbiter.streams.runtime.topics import ensure_topics
 
-from .conftest import assert_clean_audit, isolated_settings
+from .conftest import assert_clean_audit, isolated_settings, share_broker_jars
 
 pytestmark = pytest.mark.kafka
 
@@ -69,11 +68,7 @@ def _settings_for(home: Path, heap: str = "320m") -> Settings:
     base = _free_port_block(6)  # node i: client port base + 2(i-1), controller port base + 1 + 2(i-1)
     settings = Settings(home=home, kafka_port=base, kafka_controller_port=base + 1, bootstrap=f"127.0.0.1:{base}",
                         kafka_heap=heap, partitions=2)
-    shared = LocalKafka(load_settings()).libs  # the jars the main broker fetched, if they are current
-    stamp = shared / ".pom-sha256"
-    if stamp.exists() and stamp.read_text().strip() == hashlib.sha256(POM.read_bytes()).hexdigest():
-        (home / "kafka").mkdir(parents=True)
-        (home / "kafka" / "libs").symlink_to(shared)
+    share_broker_jars(home)
     return settings
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import socket
 import subprocess
@@ -14,9 +13,11 @@ from pathlib import Path
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
-from arbiter.edge.settings import Settings, load_settings
-from arbiter.kafka import POM, LocalKafka, LocalKafkaError, broker_answers
+from arbiter.edge.settings import Settings
+from arbiter.kafka import LocalKafka, LocalKafkaError, broker_answers
 from arbiter.streams.runtime.topics import ensure_topics
+
+from .conftest import share_broker_jars
 
 pytestmark = pytest.mark.kafka
 
@@ -33,11 +34,7 @@ def own_settings(tmp_path: Path) -> Settings:
     port, controller = free_port(), free_port()
     settings = Settings(home=tmp_path / "home", kafka_port=port, kafka_controller_port=controller,
                         bootstrap=f"127.0.0.1:{port}", partitions=1, kafka_heap="256m")
-    shared = LocalKafka(load_settings()).libs
-    stamp = shared / ".pom-sha256"
-    if stamp.exists() and stamp.read_text().strip() == hashlib.sha256(POM.read_bytes()).hexdigest():
-        (settings.home / "kafka").mkdir(parents=True)
-        (settings.home / "kafka" / "libs").symlink_to(shared)
+    share_broker_jars(settings.home)
     return settings
 
 

@@ -12,7 +12,6 @@ again, SIGTERM stops the worker and the door within 15 s, cleanly.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import signal
@@ -29,12 +28,12 @@ import pytest
 
 from arbiter.door.app import create_app
 from arbiter.edge.kafkaconn import ephemeral_ports, in_ephemeral_range
-from arbiter.edge.settings import Settings, load_settings
-from arbiter.kafka import POM, LocalKafka
+from arbiter.edge.settings import Settings
+from arbiter.kafka import LocalKafka
 from arbiter.processes import DoorProcess, WorkerPool, free_port, settings_env
 from arbiter.streams.runtime.topics import ensure_topics
 
-from .conftest import isolated_settings
+from .conftest import isolated_settings, share_broker_jars
 from .test_git_tools import make_repo
 
 pytestmark = pytest.mark.kafka
@@ -60,11 +59,7 @@ def _broker(home: Path) -> LocalKafka:
     port = _ephemeral_port()
     own = Settings(home=home, kafka_port=port, kafka_controller_port=port + 1, bootstrap=f"127.0.0.1:{port}",
                    kafka_heap="384m")
-    shared = LocalKafka(load_settings()).libs
-    stamp = shared / ".pom-sha256"
-    if stamp.exists() and stamp.read_text().strip() == hashlib.sha256(POM.read_bytes()).hexdigest():
-        (home / "kafka").mkdir(parents=True)
-        (home / "kafka" / "libs").symlink_to(shared)
+    share_broker_jars(home)
     return LocalKafka(own)
 
 

@@ -4,7 +4,6 @@ retries by itself what is safe to retry (every command's id is decided once)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import signal
 import socket
@@ -15,13 +14,13 @@ import pytest
 from aiokafka.errors import KafkaError
 
 from arbiter.agents import ArbiterClient, ArbiterError, ArbiterUnavailable
-from arbiter.edge.settings import Settings, load_settings
-from arbiter.kafka import POM, LocalKafka
+from arbiter.edge.settings import Settings
+from arbiter.kafka import LocalKafka
 from arbiter.processes import WorkerPool, free_port, wait_until_served
 from arbiter.schemas.partitioning import key_for_partition
 from arbiter.streams.runtime.topics import ensure_topics
 
-from .conftest import assert_clean_audit, isolated_settings
+from .conftest import assert_clean_audit, isolated_settings, share_broker_jars
 
 
 def _listening(port: int) -> bool:
@@ -35,11 +34,7 @@ def _private_broker(home: Path) -> LocalKafka:
     port = free_port()
     own = Settings(home=home, kafka_port=port, kafka_controller_port=free_port(), bootstrap=f"127.0.0.1:{port}",
                    kafka_heap="384m")
-    shared = LocalKafka(load_settings()).libs
-    stamp = shared / ".pom-sha256"
-    if stamp.exists() and stamp.read_text().strip() == hashlib.sha256(POM.read_bytes()).hexdigest():
-        (home / "kafka").mkdir(parents=True)
-        (home / "kafka" / "libs").symlink_to(shared)
+    share_broker_jars(home)
     return LocalKafka(own)
 
 

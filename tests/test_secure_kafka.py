@@ -7,7 +7,6 @@ it is stopped at the end. Missing Java or jars is a failure, never a skip.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import logging
 import os
@@ -24,8 +23,10 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaConnectionError, TopicAuthorizationFailedError
 
 from arbiter.edge.kafkaauth import KafkaAuthError, faust_credentials, kafka_client_options, load_credentials
-from arbiter.edge.settings import Settings, load_settings
-from arbiter.kafka import POM, LocalKafka, LocalKafkaError, broker_answers, secure_acls
+from arbiter.edge.settings import Settings
+from arbiter.kafka import LocalKafka, LocalKafkaError, broker_answers, secure_acls
+
+from .conftest import share_broker_jars
 
 pytestmark = pytest.mark.kafka
 
@@ -42,11 +43,7 @@ def free_port() -> int:
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A home of its own whose libs are the main broker's jars (no second download)."""
     home = tmp_path_factory.mktemp("secure") / "home"
-    shared = LocalKafka(load_settings()).libs
-    stamp = shared / ".pom-sha256"
-    if stamp.exists() and stamp.read_text().strip() == hashlib.sha256(POM.read_bytes()).hexdigest():
-        (home / "kafka").mkdir(parents=True)
-        (home / "kafka" / "libs").symlink_to(shared)
+    share_broker_jars(home)
     return home
 
 

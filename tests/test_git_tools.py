@@ -195,3 +195,27 @@ def test_claims_are_announced_seen_and_named_in_a_conflict_and_never_block(repo:
     assert ok and left["overlapping"] == [], "a discarded sandbox's claim is gone"
     ok, none = tools("ann", "claim", {"paths": []})
     assert ok and none["claims"] == []
+
+
+def test_arguments_that_would_reach_git_as_options_or_commands_are_refused(repo: Path) -> None:
+    """An agent's arguments become git arguments and ref-transaction lines: none may read as an option
+    (``--output=FILE`` would write a file on the worker) or as another command."""
+    tools = Tools(repo)
+    _, ann = tools("ann", "sandbox_create", {})
+    commit(Path(ann["path"]), "x.txt", "x\n", "x")
+    registry = tools.registry
+    for tool, args in [("merge", {"message": "m", "base": "--output=planted"}),
+                       ("merge", {"message": "m", "expect_head": "--output=planted"}),  # reached git log before
+                       ("merge", {"message": "m", "expect_head": "HEAD"}),
+                       ("merge", {"message": "m", "target": "main\ndelete refs/heads/main"}),
+                       ("revert_merge", {"merge_intent_id": "x", "target": "main\ndelete refs/heads/main"}),
+                       ("sandbox_create", {"base": "--orphan"})]:
+        intent = ToolIntent(intent_id=f"bad-{tool}", agent_id="ann", resource="repo:app", tool=tool,
+                            arguments_json=json.dumps(args), token=1, sent_at_ms=0)
+        parsed = registry.parse(intent)
+        if isinstance(parsed, str):
+            continue  # refused by the argument schema: invalid_arguments
+        outcome = asyncio.run(registry.run(intent, parsed))
+        assert not outcome.ok, (tool, args)
+    assert not list(repo.glob("planted*")) and not list(Path(ann["path"]).glob("planted*"))
+    assert sh(repo, "rev-parse", "--verify", "main")

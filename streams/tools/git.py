@@ -99,9 +99,9 @@ class MergeArgs(BaseModel):
     target: str = Field(default="main", min_length=1, max_length=200)
     strategy: Literal["merge", "ff"] = "merge"
     """``merge``: always a merge commit; ``ff``: fast-forward when the target has not moved, else a merge."""
-    base: str | None = Field(default=None, max_length=64)
+    base: str | None = Field(default=None, pattern=r"^([0-9a-f]{7,64})?$")
     """The commit the agent's work started from (its sandbox's base): conflicts list what landed since."""
-    expect_head: str | None = Field(default=None, max_length=64)
+    expect_head: str | None = Field(default=None, pattern=r"^[0-9a-f]{7,64}$")
     """Refuse (``version_conflict``) unless the target is still at this commit: what the agent checked."""
 
 
@@ -461,6 +461,8 @@ def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
 
         def work() -> dict[str, Any]:
             repo = repos.path(call.resource)
+            if not valid_ref_name(args.target):
+                raise ToolError(f"target {args.target!r} is not a branch name this tool accepts")
             done = _recorded(repo, call.intent_id)
             if done is not None:
                 return {"repository": call.resource, "reverted": args.merge_intent_id, "head": done,

@@ -190,6 +190,8 @@ def test_claims_are_announced_seen_and_named_in_a_conflict_and_never_block(repo:
     assert [c["agent"] for c in again["claimed_by"]] == ["bob"], again
     ok, bad = tools("ann", "claim", {"paths": ["--output=x"]})
     assert not ok and "glob pattern" in bad["error"]
+    ok, bad = tools("ann", "claim", {"paths": ["*a" * 9]})
+    assert not ok and "8 wildcards" in bad["error"]
     tools("bob", "sandbox_discard", {})
     ok, left = tools("ann", "claim", {"paths": ["auth.py"]})
     assert ok and left["overlapping"] == [], "a discarded sandbox's claim is gone"

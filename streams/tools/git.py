@@ -243,6 +243,8 @@ def glob_match(pattern: str, path: str) -> bool:
     pattern = pattern.strip().lstrip("./") or "**"
     if pattern.endswith("/"):
         pattern += "**"
+    while "**/**" in pattern:  # the same set, and no regex that backtracks for ever
+        pattern = pattern.replace("**/**", "**")
     regex, i = "", 0
     while i < len(pattern):
         if pattern.startswith("**/", i):
@@ -391,8 +393,9 @@ def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
         def work() -> dict[str, Any]:
             repo = repos.path(call.resource)
             patterns = sorted({p.strip() for p in args.paths if p.strip()})
-            if any(len(p) > 500 or p.startswith("-") or "\0" in p for p in patterns):
-                raise ToolError("a claimed path is a glob pattern of at most 500 characters, not starting with '-'")
+            if any(len(p) > 500 or p.startswith("-") or "\0" in p or p.count("*") > 8 for p in patterns):
+                raise ToolError("a claimed path is a glob pattern of at most 500 characters and 8 wildcards, "
+                                "not starting with '-'")
             claims = read_claims(repos, repo)
             if patterns:
                 claims[call.agent_id] = patterns

@@ -139,6 +139,12 @@ def test_the_main_job_runs_safe_and_unsafe_side_by_side(bootstrap: str, tmp_path
     report = next(line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("audit report: "))
     assert Path(report).is_file() and "arbiter-log" in Path(report).with_name("log.jsonl").read_text()[:200]
     assert "workers stopped" in out
+    # The coding story: without Arbiter changes are lost and main breaks; with it none is lost, the
+    # conflict is rebased by path, and the failing change is refused by its check.
+    assert "without Arbiter (one working tree on main): 2 of 2 kept changes lost (ada, bo), main broken" in out
+    assert "with Arbiter (a sandbox each, one merge queue): 0 lost, main passes its check" in out
+    assert "version_conflict in calc.py; rebase names calc.py" in out, out
+    assert "cy: check_failed - refused, main unchanged" in out, out
 
 
 def _has_a_write(settings: Settings) -> bool:

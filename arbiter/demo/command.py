@@ -15,6 +15,7 @@ from arbiter.audit.cli import verdict_line
 from arbiter.demo.runs import (
     RunResult,
     audit_run,
+    coding_story,
     print_invariants,
     print_rogue,
     print_safe,
@@ -90,12 +91,16 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
         return Plan(seed=seed, speed=speed, run=run.replace("-", "_"))
 
     unsafe_result: RunResult | None = None
+    unsafe_coding = None
     if unsafe:
         click.echo(f"run {run}: the swarm WITHOUT Arbiter first (same agents, same seed, nothing checked)")
         tally, ledger = asyncio.run(unsafe_swarm(new_plan(), folder / "unsafe-ledger.sqlite3"))
         unsafe_result = result_of("without Arbiter", new_plan(), tally, ledger)
         print_invariants(unsafe_result)
         ledger.close()
+        from arbiter.demo.coding import unsafe_story
+
+        unsafe_coding = unsafe_story(folder)
     with ExitStack() as stack:
         if not ctx.obj.get("bootstrap"):
             local = LocalKafka(settings, say=lambda m: click.echo(f"  {m}"))
@@ -141,8 +146,10 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
             click.echo(f"front door on {door_url}: the swarm's agents go through it (log {door.log})")
         live, screen = LiveState(), Screen()
         interrupted = False
+        coding = None
         try:
             tally, ledger, rogue = asyncio.run(safe_swarm(settings, plan, pool, live, screen, door_url))
+            coding = asyncio.run(coding_story(settings))
         except KeyboardInterrupt:
             interrupted = True
             click.echo("\ninterrupted: stopping the swarm; auditing the partial log")
@@ -167,6 +174,11 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
             print_rogue(rogue)
             if unsafe_result is not None:
                 print_side_by_side(unsafe_result, safe)
+            if coding is not None:
+                from arbiter.demo.coding import describe
+
+                for line in describe(unsafe_coding, coding):
+                    click.secho(line, fg=None if coding.ok() or line.startswith("  without") else "red")
         stats = report["stats"]
         click.secho(f"audit of the run's log ({report['messages']} messages, {stats.get('decisions', 0)} decisions "
                     f"re-derived): {verdict_line(report)}" + ("" if report["complete"] else " (partial log)"),
@@ -188,5 +200,5 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
                    f"{html.with_name('log.jsonl')}; the same verdict)")
     if interrupted:
         sys.exit(130)
-    if not verdict or not rogue.ok:
+    if not verdict or not rogue.ok or (coding is not None and not coding.ok()):
         sys.exit(1)

@@ -71,6 +71,14 @@ async def _enroll(settings: Settings, name: str, allow: list[str], door: bool = 
     return settings.model_copy(update=update)
 
 
+async def coding_story(settings: Settings) -> Any:
+    """The coding story with Arbiter, its agents enrolled like the swarm's (allowed repo: only)."""
+    from arbiter.demo.coding import make_repo, safe_story
+
+    make_repo(Settings.parse_repos(settings.repos)["demo"])
+    return await safe_story(settings, lambda name: _enroll(settings, name, ["repo:"]))
+
+
 async def _enroll_all(settings: Settings, agents: dict[str, list[str]], door: bool) -> dict[str, Settings]:
     return {name: await _enroll(settings, name, allow, door) for name, allow in agents.items()}
 
@@ -236,6 +244,7 @@ def run_settings(settings: Settings, run: str, ledger_dsn: str | None) -> Settin
     return settings.model_copy(update={
         "topics": topics, "app_id": f"arbiter-demo-{run}", "auto_enroll": False,
         "ledger_dsn": ledger_dsn or str((folder / "ledger.sqlite3").resolve()),
+        "repos": f"demo={(folder / 'coding').resolve()}",  # the coding story's repository (made before it runs)
     })
 
 

@@ -74,7 +74,10 @@ def test_the_demo_refuses_every_attack_of_its_rogue_agent(bootstrap: str, tmp_pa
     entries = asyncio.run(Registrar(Settings(bootstrap=bootstrap, topics=topics, home=tmp_path)).entries())
     allowed = {e.name: e.allow for e in entries if e.role == "agent"}
     plan = Plan(seed=5, speed=100, run=run.replace("-", "_"))
-    assert allowed == {**plan.agents(), "demo-warmup": ["probe:"], "mallory": ["account:mallory"]}
+    from arbiter.demo.coding import AGENTS as CODERS
+
+    assert allowed == {**plan.agents(), **{name: ["repo:"] for name in CODERS}, "demo-warmup": ["probe:"],
+                       "mallory": ["account:mallory"]}
     assert [e.name for e in entries if e.role == "worker"] == ["worker"]
     assert sorted(p.name for p in (tmp_path / "keys").glob("*.key")) == ["admin.key", "worker.key"]
 

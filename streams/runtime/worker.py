@@ -594,7 +594,13 @@ class Worker:
             for tp in assigned:
                 committed = await self.consumer.committed(tp)
                 if tp in self.owned and committed == self.next.get(tp):
-                    continue  # held throughout, and nobody else committed anything on it: its state stands
+                    # Held throughout, and nobody else committed anything on it: its state stands, and it
+                    # goes on from the first input not decided here, whatever position the rebalance left
+                    # (records fetched before it and left undecided, while it was being revoked, are not
+                    # skipped).
+                    if self.decided_to.get(tp, -1) >= 0:
+                        self.consumer.seek(tp, self.decided_to[tp])
+                    continue
                 restore.add(tp)
                 self.next[tp] = self.decided_to[tp] = -1 if committed is None else committed
             if self.exactly_once:

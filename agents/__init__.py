@@ -19,6 +19,7 @@ from arbiter.agents.leases import Lease
 from arbiter.agents.outcomes import Outcome, Snapshot
 from arbiter.agents.sagas import Saga
 from arbiter.agents.sandbox import CheckResult, Sandbox
+from arbiter.agents.train import MergeTrain, TrainStats
 
 __all__ = [
     "ArbiterClient",
@@ -30,6 +31,7 @@ __all__ = [
     "Lease",
     "LeaseDenied",
     "LeaseLost",
+    "MergeTrain",
     "Outcome",
     "PingResult",
     "Saga",
@@ -38,4 +40,5 @@ __all__ = [
     "Sandbox",
     "SandboxRefused",
     "Snapshot",
+    "TrainStats",
 ]

@@ -6,13 +6,17 @@ it likes; ``box.merge(message)`` queues for the repository's lease (``repo:<name
 queue), optionally runs a check on the merge result in a scratch worktree while it holds the lease,
 and sends the merge intent with its fencing token. A conflict comes back as ``version_conflict``
 with the paths; ``box.rebase()`` rebases the sandbox onto the new head and names what conflicts.
+``box.merge(message, train=train)`` joins a ``MergeTrain`` (``arbiter.agents.train``) instead: checked
+speculatively with the merges ahead of it, landed in order.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -38,6 +42,13 @@ class SandboxHost(Protocol):
     def lease(self, resource: str, *, ttl: float = ..., mode: str = ..., wait: float = ...
               ) -> AbstractAsyncContextManager[Lease]: ...
 
+class Train(Protocol):
+    """What ``Sandbox.merge(train=...)`` hands a merge to (``MergeTrain`` is one)."""
+
+    async def merge(self, box: Sandbox, message: str, *, strategy: str = ..., intent_id: str | None = ...
+                    ) -> Outcome: ...
+
+
 CHECK_OUTPUT = 4000
 """How much of a failing check's output an outcome keeps (its tail)."""
 
@@ -51,6 +62,8 @@ class CheckResult:
     exit_code: int | None
     seconds: float
     output: str
+    tree: str = ""
+    """The tree the check ran on: what a merge that cites this check must produce."""
 
 
 @dataclass
@@ -76,19 +89,27 @@ class Sandbox:
 
     async def merge(self, message: str, *, check: str | Sequence[str] | None = None, check_timeout: float = 600.0,
                     strategy: str = "merge", ttl: float = 60.0, wait: float = 600.0,
-                    intent_id: str | None = None) -> Outcome:
+                    intent_id: str | None = None, train: Train | None = None) -> Outcome:
         """Merge this sandbox's branch into the target, in the repository's queue.
 
         Holds the lease on the repository (renewed while it works) so nothing else merges meanwhile.
         With ``check`` (a shell command, or an argument list), the merge result is built in a scratch
         worktree and the command run there first, for at most ``check_timeout`` seconds: a failing
         check ends with an outcome ``check_failed`` (its output in the diagnostic) and merges nothing.
+        The merge that lands is the tree that was checked (``expect_tree``), or none.
+
+        With ``train`` (a ``MergeTrain``, which has its own check), the merge joins that speculative
+        queue instead: checked in parallel with the merges ahead of it, landed in order.
         """
+        if train is not None:
+            if check is not None:
+                raise ValueError("a merge train runs its own check: pass check= to MergeTrain, not to merge")
+            return await train.merge(self, message, strategy=strategy, intent_id=intent_id)
         async with self.client.lease(self.repository, ttl=ttl, wait=wait, mode="exclusive") as lease:
-            expect = None
+            expect, result = None, None
             if check is not None:
                 expect = await self.head()
-                result = await self.run_check(check, expect, check_timeout)
+                result = await self.run_check(check, expect, check_timeout, strategy)
                 if result is not None and not result.passed:
                     return Outcome(intent_id or "", self.repository, "merge", False, reason="check_failed",
                                    diagnostic={"reason": "check_failed", "check": result.__dict__,
@@ -96,42 +117,36 @@ class Sandbox:
                                                              "and merge again."})
             args: dict[str, Any] = {"message": message, "target": self.target, "strategy": strategy,
                                     "base": self.base, "expect_head": expect}
+            if check is not None and result is not None:
+                args |= {"expect_tree": result.tree, "check": result.command[:2000]}
             outcome = await self.client.execute(lease, "merge", args, intent_id=intent_id)
         if outcome.applied:
             self.merged.append(outcome)
         return outcome
 
-    async def run_check(self, check: str | Sequence[str], head: str, timeout: float) -> CheckResult | None:
+    async def run_check(self, check: str | Sequence[str], head: str, timeout: float,
+                        strategy: str = "merge") -> CheckResult | None:
         """Run ``check`` on the merge of this branch into ``head``, in a scratch worktree; None when the
         merge conflicts (the worker will say so, with the paths)."""
-        done = await self._git("merge-tree", "--write-tree", head, self.branch, check=False)
+        candidate = await asyncio.to_thread(self.candidate, head, strategy)
+        if candidate is None:
+            return None
+        return await run_check(self.path, check, candidate[1], timeout)
+
+    def candidate(self, head: str, strategy: str = "merge") -> tuple[str, str] | None:
+        """(tree, commit) of what merging this branch into commit ``head`` would give, as the merge tool
+        builds it; None when it conflicts or brings nothing (the tool says which). Blocking."""
+        work = git(self.path, "rev-parse", "--verify", f"refs/heads/{self.branch}^{{commit}}").stdout.strip()
+        if git(self.path, "merge-base", "--is-ancestor", work, head, check=False).returncode == 0:
+            return None
+        if strategy == "ff" and git(self.path, "merge-base", "--is-ancestor", head, work, check=False).returncode == 0:
+            return git(self.path, "rev-parse", f"{work}^{{tree}}").stdout.strip(), work
+        done = git(self.path, "merge-tree", "--write-tree", head, work, check=False)
         if done.returncode != 0:
             return None
         tree = done.stdout.split()[0]
-        commit = (await asyncio.to_thread(git, self.path, "commit-tree", tree, "-p", head, "-p", self.branch,
-                                          stdin="arbiter check\n")).stdout.strip()
-        scratch = Path(tempfile.mkdtemp(prefix="arbiter-check-"))
-        started = time.monotonic()
-        try:
-            await self._git("worktree", "add", "--detach", str(scratch), commit)
-            proc = await asyncio.create_subprocess_exec(
-                *(["/bin/sh", "-c", check] if isinstance(check, str) else list(check)), cwd=scratch,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
-            try:
-                out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-                code: int | None = proc.returncode
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                out, _ = await proc.communicate()
-                code = None
-                out += f"\n(check stopped after {timeout:g} s)".encode()
-        finally:
-            await self._git("worktree", "remove", "--force", str(scratch), check=False)
-            shutil.rmtree(scratch, ignore_errors=True)
-        command = check if isinstance(check, str) else " ".join(check)
-        return CheckResult(command, code == 0, code, round(time.monotonic() - started, 3),
-                           out.decode(errors="replace")[-CHECK_OUTPUT:])
+        commit = git(self.path, "commit-tree", tree, "-p", head, "-p", work, stdin="arbiter check\n").stdout.strip()
+        return tree, commit
 
     async def claim(self, paths: Sequence[str], *, ttl: float = 30.0, wait: float = 600.0) -> list[dict[str, Any]]:
         """Announce the paths this agent works on (globs: ``src/auth/**``), replacing its earlier claim;
@@ -160,6 +175,45 @@ class Sandbox:
         """How many commits the sandbox has that the target lacks."""
         done = await self._git("rev-list", "--count", f"refs/heads/{self.target}..{self.branch}")
         return int(done.stdout.strip() or 0)
+
+
+async def run_check(repo: Path, check: str | Sequence[str], commit: str, timeout: float) -> CheckResult:
+    """Run ``check`` (a shell command or an argument list) in a scratch worktree of ``commit``, for at most
+    ``timeout`` seconds; cancelling it kills the command's process group."""
+    scratch = Path(tempfile.mkdtemp(prefix="arbiter-check-"))
+    started = time.monotonic()
+    tree = (await asyncio.to_thread(git, repo, "rev-parse", f"{commit}^{{tree}}")).stdout.strip()
+    proc: asyncio.subprocess.Process | None = None
+    try:
+        await asyncio.to_thread(git, repo, "worktree", "add", "--detach", str(scratch), commit)
+        proc = await asyncio.create_subprocess_exec(
+            *(["/bin/sh", "-c", check] if isinstance(check, str) else list(check)), cwd=scratch,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+            code: int | None = proc.returncode
+        except TimeoutError:
+            _kill(proc)
+            out, _ = await proc.communicate()
+            code = None
+            out += f"\n(check stopped after {timeout:g} s)".encode()
+    except BaseException:
+        if proc is not None and proc.returncode is None:
+            _kill(proc)
+            await proc.wait()
+        raise
+    finally:
+        await asyncio.shield(asyncio.to_thread(git, repo, "worktree", "remove", "--force", str(scratch), check=False))
+        shutil.rmtree(scratch, ignore_errors=True)
+    command = check if isinstance(check, str) else " ".join(check)
+    return CheckResult(command, code == 0, code, round(time.monotonic() - started, 3),
+                       out.decode(errors="replace")[-CHECK_OUTPUT:], tree)
+
+
+def _kill(proc: asyncio.subprocess.Process) -> None:
+    """Kill a check and everything it started (it runs in a session of its own)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 async def open_sandbox(client: SandboxHost, repository: str, base: str, ttl: float, wait: float) -> Sandbox:

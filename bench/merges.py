@@ -2,9 +2,10 @@
 
 - Throughput: ``--agents`` coding agents (4) each make a sandbox of one real repository, commit a
   small change to a file of their own, and merge it through a real worker, ``--rounds`` times (3),
-  all at once: merges per second, serial (the repository's lease is the queue), without a check and
-  with a 1 s check (``sleep 1`` on the merge result). There is no speculative mode (not built): the
-  figure with a check is the serial one, where each merge waits for the checks of those ahead.
+  all at once: merges per second without a check, and with a 1 s check (``sleep 1`` on the merge
+  result) two ways: serial (``box.merge(check=...)``: the repository's lease is the queue, so each
+  merge waits for the checks of all those ahead) and speculative (one ``MergeTrain`` of depth
+  ``--agents``: each merge checked on top of those ahead of it, at once, landed in order).
 - Preflight: ``git merge-tree --write-tree`` of a one-file change against a head that moved, in
   repositories of 100 to 10,000 files (median of 5).
 """
@@ -19,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from arbiter.agents import ArbiterClient
+from arbiter.agents import ArbiterClient, MergeTrain
 
 from .env import bench_arbiter
 
@@ -67,11 +68,12 @@ def preflight(sizes: list[int]) -> None:
                   f"{statistics.median(times):6.1f} ms (median of 5)")
 
 
-async def throughput(agents: int, rounds: int, check: str | None) -> None:
+async def throughput(agents: int, rounds: int, check: str | None, speculative: bool = False) -> float:
     with tempfile.TemporaryDirectory() as folder:
         repo = make_repo(Path(folder), 100)
         async with bench_arbiter(repos=f"app={repo}") as settings:
             merged: list[float] = []
+            train = MergeTrain(check, depth=agents, check_timeout=60) if speculative and check else None
 
             async def agent(i: int) -> None:
                 async with ArbiterClient(f"coder-{i}", settings) as client, client.sandbox("app") as box:
@@ -82,7 +84,10 @@ async def throughput(agents: int, rounds: int, check: str | None) -> None:
                         await asyncio.to_thread(path.write_text, f"round {r}\n")
                         await asyncio.to_thread(_git, box.path, "add", path.name)
                         await asyncio.to_thread(_git, box.path, *IDENTITY, "commit", "-qm", f"coder-{i} {r}")
-                        outcome = await box.merge(f"coder-{i}: round {r}", check=check, check_timeout=60)
+                        if train is not None:
+                            outcome = await box.merge(f"coder-{i}: round {r}", train=train)
+                        else:
+                            outcome = await box.merge(f"coder-{i}: round {r}", check=check, check_timeout=60)
                         if not outcome.applied:
                             raise SystemExit(f"a merge was refused: {outcome.diagnostic}")
                         merged.append(time.perf_counter())
@@ -90,11 +95,17 @@ async def throughput(agents: int, rounds: int, check: str | None) -> None:
             started = time.perf_counter()
             await asyncio.gather(*(agent(i) for i in range(agents)))
             took = time.perf_counter() - started
+            if train is not None:
+                await train.close()
             count = len(merged)
             heads = _git(repo, "rev-list", "--first-parent", "--count", "main")
         label = f"with a check ({check})" if check else "without a check"
-        print(f"merges: {count} merges by {agents} agents at once, serial, {label}: {count / took:5.2f} merges/s "
-              f"({took:.1f} s; main has {heads} first-parent commits)")
+        mode = "speculative" if train is not None else "serial"
+        extra = (f"; {train.stats.checks_started} checks, at most {train.stats.most_at_once} at once"
+                 if train is not None else "")
+        print(f"merges: {count} merges by {agents} agents at once, {mode}, {label}: {count / took:5.2f} merges/s "
+              f"({took:.1f} s; main has {heads} first-parent commits{extra})")
+        return count / took
 
 
 def main(argv: list[str]) -> None:
@@ -106,4 +117,6 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     preflight([int(s) for s in args.sizes.split(",")])
     asyncio.run(throughput(args.agents, args.rounds, None))
-    asyncio.run(throughput(args.agents, args.rounds, "sleep 1"))
+    serial = asyncio.run(throughput(args.agents, args.rounds, "sleep 1"))
+    speculative = asyncio.run(throughput(args.agents, args.rounds, "sleep 1", speculative=True))
+    print(f"merges: with a 1 s check, speculative is {speculative / serial:.1f}x serial")

@@ -137,6 +137,9 @@ def test_refusals_say_what_to_do_and_change_nothing(repo: Path, tmp_path: Path) 
     assert not ok and "checked out in the worktree" in elsewhere["error"], elsewhere
     ok, moved = tools("ann", "merge", {"message": "m", "expect_head": "0" * 40})
     assert not ok and moved["reason"] == "version_conflict" and "moved" in moved["error"], moved
+    ok, unchecked = tools("ann", "merge", {"message": "m", "expect_head": head, "expect_tree": "0" * 40})
+    assert not ok and unchecked["reason"] == "version_conflict" and "not the checked" in unchecked["error"]
+    assert "conflicts" not in unchecked and len(unchecked["tree"]) == 40, unchecked
     assert sh(repo, "rev-parse", "main") == head and sh(repo, "rev-parse", "release") == head
     registry = ToolRegistry()
     register_git_tools(registry, Repos({}))

@@ -4,14 +4,19 @@ repository's lease order, on real repositories made by the tests; the audit pass
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import subprocess
+import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from arbiter.agents import ArbiterClient, SandboxRefused
+from arbiter.agents import ArbiterClient, MergeTrain, SandboxRefused
 from arbiter.edge.settings import Settings
 from arbiter.processes import WorkerPool
 from arbiter.streams.runtime.topics import ensure_topics
@@ -236,3 +241,92 @@ async def test_claude_codes_worktree_hook_gets_only_the_sandbox_path(stack: tupl
     assert bad.returncode == 1 and bad.stdout == "" and "not JSON" in bad.stderr
     again = await asyncio.to_thread(hook, json.dumps(payload))
     assert again.returncode == 1 and again.stdout == "" and "already" in again.stderr
+
+
+CHECK = """\
+import json, os, subprocess, sys, time
+started = time.time()
+tree = subprocess.run(["git", "rev-parse", "HEAD^{tree}"], capture_output=True, text=True).stdout.strip()
+open(sys.argv[1] + ".started", "a").write(tree + "\\n")
+time.sleep(float(sys.argv[2]))
+passed = not os.path.exists("bad.txt")
+with open(sys.argv[1], "a") as log:
+    log.write(json.dumps({"tree": tree, "start": started, "end": time.time(), "passed": passed,
+                          "files": sorted(os.listdir("."))}) + "\\n")
+sys.exit(0 if passed else 1)
+"""
+
+
+def _check(tmp_path: Path, seconds: float) -> tuple[str, Path]:
+    script, log = tmp_path / "check.py", tmp_path / "checks.jsonl"
+    script.write_text(CHECK)
+    return f"{sys.executable} {script} {log} {seconds}", log
+
+
+def _wait_for(path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.02)
+
+
+def _most_at_once(runs: list[dict[str, Any]]) -> int:
+    return max(sum(1 for other in runs if other["start"] < run["end"] and run["start"] < other["end"]) for run in runs)
+
+
+async def test_a_merge_train_checks_at_once_lands_in_order_and_evicts_only_the_culprit(
+        stack: tuple[Settings, Path], tmp_path: Path) -> None:
+    settings, repo = stack
+    command, log = _check(tmp_path, 0.6)
+    names = [f"coder-{i}" for i in range(4)]
+    async with contextlib.AsyncExitStack() as stack_, MergeTrain(command, depth=4, check_timeout=60) as train:
+        boxes = []
+        for name in names:
+            client = await stack_.enter_async_context(ArbiterClient(name, settings))
+            box = await stack_.enter_async_context(client.sandbox("app", keep=False))
+            commit(box.path, f"{name}.txt", f"{name}\n", f"{name}: its own file")
+            if name == "coder-1":
+                commit(box.path, "bad.txt", "breaks the check\n", f"{name}: and breaks the build")
+            boxes.append(box)
+        # joined in this order (each task's first step joins the train)
+        tasks = [asyncio.create_task(box.merge(f"{box.branch}: merge", train=train)) for box in boxes]
+        outcomes = await asyncio.gather(*tasks)
+    assert [o.applied for o in outcomes] == [True, False, True, True], [o.diagnostic for o in outcomes]
+    culprit = outcomes[1]
+    assert culprit.reason == "check_failed" and culprit.diagnostic["check"]["exit_code"] == 1
+    assert train.stats.evicted == [culprit.intent_id] and train.stats.landed == [
+        outcomes[i].intent_id for i in (0, 2, 3)], "landed in the order they joined, only the culprit out"
+    subjects = sh(repo, "log", "--first-parent", "--format=%s", "main").splitlines()[:3]
+    assert subjects == ["arbiter/coder-3: merge", "arbiter/coder-2: merge", "arbiter/coder-0: merge"], subjects
+    assert not (repo / "bad.txt").exists() and all((repo / f"{n}.txt").exists() for n in names if n != "coder-1")
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    passed = {run["tree"] for run in runs if run["passed"]}
+    assert all(o.result["tree"] in passed for o in outcomes if o.applied), "each landed tree is one that passed"
+    assert _most_at_once(runs) >= 2, "checks ran speculatively, at once"
+    behind = [run for run in runs if "coder-3.txt" in run["files"]]
+    assert any("bad.txt" in run["files"] for run in behind) and any("bad.txt" not in run["files"] for run in behind), \
+        "coder-3 was checked on top of the culprit, then again without it"
+    await assert_clean_audit(settings)
+
+
+async def test_a_merge_train_plans_again_when_main_moves_outside_it(
+        stack: tuple[Settings, Path], tmp_path: Path) -> None:
+    settings, _ = stack
+    command, log = _check(tmp_path, 1.0)
+    async with ArbiterClient("ivy", settings) as ivy, ArbiterClient("jon", settings) as jon, \
+            ivy.sandbox("app", keep=False) as a, jon.sandbox("app", keep=False) as b, \
+            MergeTrain(command, depth=2, check_timeout=60) as train:
+        commit(a.path, "ivy.txt", "ivy\n", "ivy: in the train")
+        commit(b.path, "jon.txt", "jon\n", "jon: outside it")
+        in_train = asyncio.create_task(a.merge("ivy: merge", train=train))
+        started = log.with_name(log.name + ".started")
+        await asyncio.to_thread(_wait_for, started)  # ivy's check runs: now main moves under it
+        outside = await b.merge("jon: merge")
+        assert outside.applied, outside.diagnostic
+        landed = await in_train
+    assert landed.applied, landed.diagnostic
+    assert landed.result["previous"] == outside.result["head"], "ivy landed on jon's merge, not on the old head"
+    runs = [json.loads(line) for line in log.read_text().splitlines()]
+    checked = {run["tree"] for run in runs if run["passed"]}
+    assert landed.result["tree"] in checked and len(runs) >= 2, "checked again on the moved head before landing"
+    await assert_clean_audit(settings)

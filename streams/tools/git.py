@@ -103,6 +103,10 @@ class MergeArgs(BaseModel):
     """The commit the agent's work started from (its sandbox's base): conflicts list what landed since."""
     expect_head: str | None = Field(default=None, pattern=r"^[0-9a-f]{7,64}$")
     """Refuse (``version_conflict``) unless the target is still at this commit: what the agent checked."""
+    expect_tree: str | None = Field(default=None, pattern=r"^[0-9a-f]{40,64}$")
+    """Refuse (``version_conflict``) unless the merge result is exactly this tree: the one the check ran on."""
+    check: str | None = Field(default=None, max_length=2_000)
+    """The command that passed on ``expect_tree`` (recorded with the intent: the audit shows what was checked)."""
 
 
 class ClaimArgs(BaseModel):
@@ -450,9 +454,15 @@ def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
                                                "these paths, commit, and merge again.")
                 message = f"{args.message}\n\nArbiter-Intent: {call.intent_id}\nArbiter-Agent: {call.agent_id}\n"
                 new = git(repo, "commit-tree", tree, "-p", head, "-p", work_head, stdin=message).stdout.strip()
+            result_tree = git(repo, "rev-parse", f"{new}^{{tree}}").stdout.strip()
+            if args.expect_tree is not None and args.expect_tree != result_tree:
+                raise ToolError(f"the merge result is tree {result_tree[:12]}, not the checked {args.expect_tree[:12]}",
+                                conflict=True, head=head, tree=result_tree,
+                                advice="Check the merge result again on this head, then merge.")
             _move(repo, args.target, new, head, call.intent_id, main)
             return {"repository": call.resource, "merged": branch, "target": args.target, "head": new,
-                    "previous": head, "fast_forward": new == work_head}
+                    "previous": head, "tree": result_tree, "fast_forward": new == work_head,
+                    "checked": args.check}
 
         return await asyncio.to_thread(work)
 

@@ -51,6 +51,10 @@ class Lease:
             self.mark_lost("ttl_elapsed_locally")
         return self.lost_reason is not None
 
+    def remaining(self) -> float:
+        """Seconds the lease has left by this machine's clock (a conservative bound: the worker's is later)."""
+        return self._local_deadline - time.monotonic()
+
     def check(self) -> None:
         """Raise ``LeaseLost`` if the lease is gone."""
         if self.lost:

@@ -435,11 +435,14 @@ def _register_late_commands() -> None:
     from .demo import demo
     from .identitycli import agents, saga
     from .ledgercli import ledger
+    from .mcpcli import hook, mcp
     from .sandboxcli import sandbox
 
     main.add_command(demo)
     main.add_command(ledger)
     main.add_command(sandbox)
+    main.add_command(mcp)
+    main.add_command(hook)
     main.add_command(chaos)
     main.add_command(agents)
     main.add_command(saga)

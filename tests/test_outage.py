@@ -77,10 +77,11 @@ class Cli:
         self.env = {**os.environ, **settings_env(settings)}
         self.folder = folder
 
-    def __call__(self, *args: str, timeout: float = 90) -> Ran:
+    def __call__(self, *args: str, timeout: float = 90, stdin: str | None = None) -> Ran:
         started = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "arbiter", *args], capture_output=True, text=True,
-                              env=self.env, timeout=timeout, check=False, cwd=self.folder, stdin=subprocess.DEVNULL)
+                              env=self.env, timeout=timeout, check=False, cwd=self.folder,
+                              **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}))
         return Ran(args, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
 
 
@@ -118,14 +119,23 @@ ROUTES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/sagas/{saga_id}/complete"): None,
     ("POST", "/v1/sagas/{saga_id}/abort"): {"reason": "outage"},
     ("GET", "/v1/status"): None,
+    ("POST", "/mcp"): {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+    ("GET", "/mcp"): None,
+    ("DELETE", "/mcp"): None,
 }
 """Every route that needs Kafka, with a body that passes validation (``/healthz``, ``/livez``, the docs:
 checked on their own)."""
 
 
 def _every_route() -> set[tuple[str, str]]:
-    spec = create_app(Settings()).openapi()
-    return {(method.upper(), path) for path, ops in spec["paths"].items() for method in ops}
+    from starlette.routing import Route
+
+    app = create_app(Settings())
+    spec = app.openapi()
+    hidden = {(method, route.path) for route in app.routes if isinstance(route, Route)
+              and not route.include_in_schema and not route.path.startswith(("/docs", "/openapi", "/redoc"))
+              for method in route.methods or () if method != "HEAD"}
+    return {(method.upper(), path) for path, ops in spec["paths"].items() for method in ops} | hidden
 
 
 def test_the_route_table_names_every_route() -> None:
@@ -149,7 +159,7 @@ OTHER_VERBS: list[tuple[str, ...]] = [
     ("ping", "--count", "1"), ("saga", "abort", SAGA, "--reason", "outage"), ("topics", "create"),
     ("topics", "list"), ("topics", "delete", "tzz-none."), ("worker",), ("serve", "--port", "0"),
     ("demo", "--workers", "1"), ("chaos", "calm", "--duration", "5"), ("sandbox", "gc", "--repo", "app"),
-    ("sandbox", "hook", "--agent", "alice", "--repo", "app"),
+    ("sandbox", "hook", "--agent", "alice", "--repo", "app"), ("mcp", "--agent", "alice"),
 ]
 """Every other verb that needs Kafka. Not here: ``kafka up``/``down``/``reset`` (they act on the local
 broker itself; ``tests/test_localkafka.py``), ``kafka status`` (below)."""
@@ -158,6 +168,9 @@ NO_KAFKA_VERBS: list[tuple[str, ...]] = [
     ("sandbox", "list", "--repo", "app"), ("sandbox", "claims", "--repo", "app"),
 ]
 """Verbs that never talk to Kafka (the ledger's database, the repository): they work through an outage."""
+HOOK_VERBS: list[tuple[str, ...]] = [("hook", "pre-tool-use", "--agent", "alice", "--timeout", "5")]
+"""Coding agents' hooks: Kafka unreachable, they block the call (exit 2, the reason on stderr), since the
+agents read any other failure as "go ahead"."""
 
 
 def _every_verb() -> set[tuple[str, ...]]:
@@ -179,8 +192,8 @@ def _every_verb() -> set[tuple[str, ...]]:
 
 def test_the_verb_lists_name_every_cli_verb() -> None:
     """A new CLI verb must be added to the outage test's lists."""
-    groups = ("lock", "agents", "topics", "log", "saga", "sandbox", "ledger")
-    named = {v[:2] if v[0] in groups else v[:1] for v in LOCK_VERBS + OTHER_VERBS + NO_KAFKA_VERBS}
+    groups = ("lock", "agents", "topics", "log", "saga", "sandbox", "ledger", "hook")
+    named = {v[:2] if v[0] in groups else v[:1] for v in LOCK_VERBS + OTHER_VERBS + NO_KAFKA_VERBS + HOOK_VERBS}
     assert _every_verb() == named | {("kafka", "up"), ("kafka", "down"), ("kafka", "reset"), ("kafka", "status")}
 
 
@@ -217,6 +230,7 @@ async def test_a_thirty_second_outage_is_quiet_bounded_and_clear(tmp_path: Path)
         assert json.loads(first.out)["token"] == 1
         made = cli("sandbox", "create", "--repo", "app", "--agent", "alice")  # so that merge reaches Kafka
         assert made.code == 0 and await asyncio.to_thread(Path(json.loads(made.out)["path"]).is_dir), made.err
+        sandbox = Path(json.loads(made.out)["path"])
         await asyncio.to_thread(door.start)
         await _until(lambda: _http(f"{door.url}/healthz"), lambda r: r[0] == 200, 30, "the door ready")
         worker_log, door_log = pool.workers[0].log, door.log
@@ -253,6 +267,12 @@ async def test_a_thirty_second_outage_is_quiet_bounded_and_clear(tmp_path: Path)
             ran = await asyncio.to_thread(cli, *args)
             _clean(ran)
             assert ran.code == 0 and json.loads(ran.out), (args, ran.code, ran.out, ran.err[-2000:])
+        edit = json.dumps({"tool_name": "Edit", "tool_input": {"file_path": str(sandbox / "auth.py")},
+                           "cwd": str(sandbox), "session_id": "s1", "hook_event_name": "PreToolUse"})
+        for args in HOOK_VERBS:
+            ran = await asyncio.to_thread(lambda a=args: cli(*a, stdin=edit))
+            _clean(ran)
+            assert ran.code == 2 and "cannot reach Arbiter" in ran.err and not ran.out, (args, ran.code, ran.err)
 
         await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))  # the outage lasts 30 s
         worker_lines = _lines(worker_log) - before[0]

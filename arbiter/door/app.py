@@ -30,7 +30,7 @@ from fastapi.staticfiles import StaticFiles
 
 from arbiter.edge.settings import Settings
 
-from . import errors
+from . import errors, mcp
 from .limits import BodyLimit
 from .routes import ROUTERS
 from .state import Door
@@ -52,15 +52,17 @@ def create_app(settings: Settings, door: Door | None = None,
     """The front door's ASGI application (``door`` is started and stopped with it; ``on_ready`` is
     told once it has started)."""
     door = door or Door(settings)
+    mcp_sessions: list[contextlib.AbstractAsyncContextManager[None]] = []
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await door.start()
         log.info("front door %s ready: %d inbox partitions", door.id, door.partitions)
-        if on_ready is not None:
-            on_ready(door)
         try:
-            yield
+            async with mcp_sessions[0]:  # the MCP SDK's session manager, for /mcp
+                if on_ready is not None:
+                    on_ready(door)
+                yield
         finally:
             await door.stop()
 
@@ -81,4 +83,5 @@ def create_app(settings: Settings, door: Door | None = None,
     errors.install(app)
     for router in ROUTERS:
         app.include_router(router)
+    mcp_sessions.append(mcp.mount(app, door, settings))
     return app

@@ -39,6 +39,7 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,7 @@ from arbiter.edge.keys import anchors_for
 from arbiter.edge.registryfeed import RegistryFeed
 from arbiter.edge.settings import Settings
 from arbiter.edge.tail import Tail
+from arbiter.mcp.tools import AgentTools
 from arbiter.schemas import LockExpired, LockReleased, LockRevoked, Record
 from arbiter.schemas.identity import ACTIVE, IdentityError, Registry, Signer
 from arbiter.schemas.models import IdentityRegistered
@@ -109,6 +111,8 @@ class AgentState:
     sagas: dict[str, Saga] = field(default_factory=dict)
     inflight: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    mcp: AgentTools | None = None
+    """Its MCP tools (``/mcp``), made on its first MCP call: the leases they renew keep this state."""
 
     def on_forged(self, offset: int, why: str) -> None:
         """A record for this agent that no worker signed was dropped: tell its sessions."""
@@ -153,6 +157,13 @@ class Door:
         self.started_at = time.time()
         self.readiness = Readiness(settings)
         """What ``/healthz`` answers: Kafka reachable, a worker in the group."""
+        self._tasks: set[asyncio.Future[Any]] = set()
+
+    def spawn(self, work: Awaitable[Any]) -> None:
+        """Run ``work`` in the background (kept referenced until it ends)."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def start(self) -> None:
         """Follow the registry (to check keys) and learn the inbox's partitions."""
@@ -278,6 +289,8 @@ class Door:
     async def _drop(self, key_id: str) -> None:
         state = self.agents.pop(key_id, None)
         if state is not None:
+            if state.mcp is not None:
+                await state.mcp.close()
             for lease in state.leases.values():
                 state.client.forget(lease)
             await state.client.close()
@@ -290,7 +303,9 @@ class Door:
             await asyncio.sleep(min(5.0, idle / 2))
             now = time.monotonic()
             for key_id, state in list(self.agents.items()):
-                if not state.sessions and state.inflight == 0 and not state.sagas and now - state.last_used > idle:
+                holding = state.mcp is not None and state.mcp.holding()
+                if (not state.sessions and state.inflight == 0 and not state.sagas and not holding
+                        and now - state.last_used > idle):
                     await self._drop(key_id)
 
     def admit(self, state: AgentState) -> None:

@@ -225,6 +225,14 @@ class Settings(BaseSettings):
     door_idle_seconds: float = Field(default=60.0, gt=0)
     """How long a door keeps an agent's state after its last call and session (held leases keep it)."""
 
+    mcp_idle_seconds: float = Field(default=300.0, gt=0)
+    """``arbiter mcp``: how long an agent may be silent (no tool call, no hook heartbeat) before the
+    server stops renewing its leases and lets them lapse at their TTL (a model turn can take minutes)."""
+
+    mcp_max_hold_seconds: float = Field(default=3600.0, gt=0)
+    """``arbiter mcp``: the longest the server keeps renewing one lease for an active agent; past it
+    the lease lapses at its TTL unless the agent renews it itself."""
+
     admin_public_keys: str = ""
     """The trust anchors: admin public keys (base64, comma separated) that sign the registry.
     Empty: ``<home>/keys/admin.pub``, which ``arbiter agents`` writes when it creates the admin key."""

@@ -1,0 +1,139 @@
+"""``arbiter mcp`` (an MCP server over stdio, one agent per process) and ``arbiter hook pre-tool-use``
+(a coding agent's PreToolUse hook that denies edits to what another agent holds)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from arbiter.edge.settings import Settings
+
+from .console import fail, settings_of
+
+HOOK_EXIT_BLOCK = 2
+"""The exit code Claude Code and Codex read as "block this call" (1 would let it go ahead)."""
+
+
+def heartbeat_path(settings: Settings, agent: str) -> Path:
+    """The file the hook touches and ``arbiter mcp`` reads as the agent's activity."""
+    return settings.home / "mcp" / f"{agent}.heartbeat"
+
+
+@click.command("mcp")
+@click.option("--agent", required=True, help="The agent this server acts as (its identity signs every command).")
+@click.option("--idle", "idle", type=float, default=None,
+              help="Seconds of silence after which its leases stop being renewed (default ARBITER_MCP_IDLE_SECONDS, "
+                   "300).")
+@click.option("--max-hold", "max_hold", type=float, default=None,
+              help="Longest it renews one lease, in seconds (default ARBITER_MCP_MAX_HOLD_SECONDS, 3600).")
+@click.pass_context
+def mcp(ctx: click.Context, agent: str, idle: float | None, max_hold: float | None) -> None:
+    """An MCP server over stdio for one coding agent: leases the server renews while the agent works,
+    writes through the gateway, sandboxes and merges, and explain_rejection. Coding agents launch it
+    (.mcp.json, Codex's config.toml); stdout carries only the protocol."""
+    from arbiter.agents import ArbiterClient
+    from arbiter.mcp.tools import AgentTools
+    from arbiter.schemas.identity import IdentityError
+
+    try:
+        from arbiter.mcp.server import Notifier, build_server
+    except ImportError as exc:
+        fail(f"arbiter mcp needs the MCP SDK ({exc})", "pip install 'arbiter[mcp]'")
+
+    settings = settings_of(ctx)
+
+    async def serve() -> None:
+        async with ArbiterClient(agent, settings) as client:
+            notifier = Notifier()
+            loop = asyncio.get_running_loop()
+            pending: set[asyncio.Task[None]] = set()
+
+            def on_notice(_: str) -> None:
+                task = loop.create_task(notifier.publish(agent))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+
+            tools = AgentTools(client, idle_seconds=idle, max_hold_seconds=max_hold,
+                               heartbeat=heartbeat_path(settings, agent), on_notice=on_notice)
+
+            async def resolve(_ctx: Any) -> AgentTools:
+                return tools
+
+            try:
+                await build_server(resolve, notifier).run_stdio_async()
+            finally:
+                await tools.close()
+
+    try:
+        asyncio.run(serve())
+    except IdentityError as exc:
+        fail(str(exc), f"issue the agent's identity first: arbiter agents add {agent}")
+    except KeyboardInterrupt:
+        pass
+
+
+@click.group("hook")
+def hook() -> None:
+    """Hooks for coding agents (Claude Code, Codex) that make Arbiter's leases binding."""
+
+
+@hook.command("pre-tool-use")
+@click.option("--agent", required=True, help="The agent the coding session is (its identity reads the leases).")
+@click.option("--timeout", type=float, default=10.0, show_default=True,
+              help="Seconds to reach Arbiter; past them the call is denied (exit 2), never let through.")
+@click.pass_context
+def pre_tool_use(ctx: click.Context, agent: str, timeout: float) -> None:
+    """Read a PreToolUse payload on stdin; deny (JSON on stdout) a write to a path another agent holds or
+    outside this agent's sandbox; exit 2 (blocked, reason on stderr) when the input cannot be parsed or
+    Arbiter cannot be reached. Allowed calls print nothing."""
+    from arbiter.mcp.hook import HookInputError, decide, deny_json, parse, written_paths
+    from arbiter.schemas.identity import IdentityError
+
+    def block(why: str) -> None:
+        click.echo(f"arbiter hook: {why} The call is blocked until this is fixed.", err=True)
+        sys.exit(HOOK_EXIT_BLOCK)
+
+    try:
+        payload = parse(sys.stdin.read())
+    except HookInputError as error:
+        block(f"cannot read the PreToolUse input: {error}.")
+        return
+    try:
+        settings = settings_of(ctx)
+        beat = heartbeat_path(settings, agent)
+        beat.parent.mkdir(parents=True, exist_ok=True)
+        beat.touch()
+        if not written_paths(payload):
+            return  # a read, or nothing to check: no answer lets the agent's own permissions decide
+        repos = settings.parse_repos(settings.repos)
+    except Exception as error:  # a broken setting or home: block, say so, no traceback
+        block(f"cannot load Arbiter's settings: {error}.")
+        return
+    started = time.monotonic()
+
+    async def check() -> str | None:
+        from arbiter.agents import ArbiterClient
+
+        async with ArbiterClient(agent, settings) as client:
+            return await decide(payload, client, repos, settings.sandbox_root)
+
+    try:
+        reason = asyncio.run(asyncio.wait_for(check(), timeout))
+    except IdentityError as error:
+        block(f"{agent} has no identity here ({error}); issue it with 'arbiter agents add {agent}'.")
+        return
+    except TimeoutError:
+        block(f"cannot reach Arbiter at {settings.bootstrap} within {timeout:g} s, so it cannot tell whether "
+              "another agent holds these paths.")
+        return
+    except Exception as error:
+        block(f"cannot reach Arbiter at {settings.bootstrap} ({type(error).__name__}: {error}) after "
+              f"{time.monotonic() - started:.1f} s, so it cannot tell whether another agent holds these paths.")
+        return
+    if reason is not None:
+        click.echo(deny_json(reason))

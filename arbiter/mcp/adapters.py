@@ -14,6 +14,7 @@ nothing here imports one until it is asked for::
 
 from __future__ import annotations
 
+import importlib
 import json
 from typing import Any
 
@@ -56,7 +57,9 @@ class InProcessTools:
 
 async def openai_agents_tools(tools: AgentTools) -> list[Any]:
     """Arbiter's tools as OpenAI Agents SDK ``FunctionTool``s (their results are the JSON answers)."""
-    from agents import FunctionTool  # the OpenAI Agents SDK's package (its top-level name is ``agents``)
+    # The OpenAI Agents SDK's package: its top-level name is ``agents`` (imported by name, so that a checkout's
+    # own agents/ folder never stands in for it in a type checker either).
+    FunctionTool = importlib.import_module("agents").FunctionTool
 
     here = InProcessTools(tools)
     made = []

@@ -32,6 +32,7 @@ from arbiter.edge.settings import Settings
 
 from . import errors, mcp
 from .limits import BodyLimit
+from .metrics import CountCalls, DoorMetrics
 from .routes import ROUTERS
 from .state import Door
 
@@ -79,7 +80,9 @@ def create_app(settings: Settings, door: Door | None = None,
                                    swagger_favicon_url="/docs/assets/favicon.png")
 
     app.state.door = door
+    app.state.metrics = DoorMetrics(door)
     app.add_middleware(BodyLimit, limit=settings.door_max_body_bytes)
+    app.add_middleware(CountCalls, metrics=app.state.metrics)
     errors.install(app)
     for router in ROUTERS:
         app.include_router(router)

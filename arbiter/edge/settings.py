@@ -225,6 +225,13 @@ class Settings(BaseSettings):
     door_idle_seconds: float = Field(default=60.0, gt=0)
     """How long a door keeps an agent's state after its last call and session (held leases keep it)."""
 
+    metrics_port: int = Field(default=0, ge=0, le=65535)
+    """Serve a worker's Prometheus metrics on ``http://<metrics_host>:<port>/metrics``; 0: none. Give each
+    worker on one machine its own port (a taken port is logged, and the worker decides anyway)."""
+
+    metrics_host: str = "127.0.0.1"
+    """Where a worker's metrics listen (``0.0.0.0`` for a Prometheus on another machine)."""
+
     mcp_idle_seconds: float = Field(default=300.0, gt=0)
     """``arbiter mcp``: how long an agent may be silent (no tool call, no hook heartbeat) before the
     server stops renewing its leases and lets them lapse at their TTL (a model turn can take minutes)."""

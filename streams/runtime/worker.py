@@ -63,6 +63,7 @@ from arbiter.schemas.identity import ACTIVE, ROLE_WORKER, Registry
 from arbiter.schemas.partitioning import partition_for
 from arbiter.schemas.reasons import Reason
 from arbiter.streams.runtime.common import TABLES, TableSpec, default_tools, failpoint, worker_id
+from arbiter.streams.runtime.metrics import WorkerMetrics
 from arbiter.streams.runtime.topics import TopicError, ensure_changelogs, ensure_topics, group_session_bounds
 from arbiter.streams.shells import Rules, ToolRunner
 from arbiter.streams.shells.pipeline import TICK_KEY, Pipeline, RawInput, input_topics, processor_of
@@ -210,6 +211,9 @@ class Worker:
         self.decided = 0
         self._ticks = 0
         self.stats = _Stats()
+        self.metrics = WorkerMetrics(books=lambda: self.tables.get("books"))
+        self.processor_of = processors
+        self._metrics_server: Any = None
         self._retries: set[asyncio.Task[None]] = set()
 
     # -- wiring -----------------------------------------------------------------------
@@ -259,6 +263,12 @@ class Worker:
             else:
                 raise failed
             return
+        if settings.metrics_port:
+            try:
+                self._metrics_server = self.metrics.serve(settings.metrics_port, settings.metrics_host)
+                log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
+            except OSError as exc:  # another worker on this machine has the port: decide anyway, say so
+                log.error("metrics not served: %s:%d: %s", settings.metrics_host, settings.metrics_port, exc)
         ticker = asyncio.create_task(self._tick_forever(), name="arbiter-ticks")
         lease = self.rules.leases
         log.info("worker %s started: %s, signatures %s; rules: max ttl %g s, max wait %g s, lock order %s, id "
@@ -360,6 +370,9 @@ class Worker:
             await asyncio.gather(*(close_client(c, STOP_BUDGET / 4) for c in clients if c is not None),
                                  self.feed.stop())
             self.transactional.clear()
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+            self._metrics_server.server_close()
         log.info("worker %s stopped after %d decisions (%.1f s to stop)", self.me, self.decided,
                  time.monotonic() - started)
 
@@ -391,6 +404,7 @@ class Worker:
             if self.exactly_once:
                 for tp, records in parts:
                     await self._transaction(tp, records)
+                    self._lag([(tp, records)])
                 return
             outputs: list[Output] = []
             t0 = time.perf_counter()
@@ -398,6 +412,7 @@ class Worker:
                 for record in records:
                     outputs.extend(await self._decide(record))
                 self.decided_to[tp] = records[-1].offset + 1
+            self._lag(parts)
             tps = {tp for tp, _records in parts}
             offsets = {tp: records[-1].offset + 1 for tp, records in parts}
             deciding = time.perf_counter() - t0
@@ -413,6 +428,15 @@ class Worker:
             self._inflight = asyncio.get_running_loop().create_task(
                 self._settle(sent, offsets, sum(len(r) for _t, r in parts), len(outputs), deciding))
             self._inflight.add_done_callback(self._settle_done)
+
+    def _lag(self, parts: list[tuple[TopicPartition, list[ConsumerRecord]]]) -> None:
+        """Each decided partition's lag: inputs appended after the last one decided, and that one's age."""
+        if self.consumer is None:
+            return
+        for tp, records in parts:
+            high = self.consumer.highwater(tp)
+            if high is not None:
+                self.metrics.lag(tp.topic, tp.partition, high - (records[-1].offset + 1), records[-1].timestamp)
 
     def _settle_done(self, settling: asyncio.Task[None]) -> None:
         """A batch in flight that fails while no other batch comes is rewound at once, not when the next one does."""
@@ -552,6 +576,8 @@ class Worker:
         for table in self.tables.values():
             table.partition = message.partition  # the input's writes go to its changelog partition
         outcome = await self.pipeline.process(raw)
+        self.metrics.observe(self.processor_of.get(message.topic, "none"), at_ms,
+                             (record for _t, _k, record, _v in outcome.outputs), outcome.letter, outcome.stage)
         return [(topic, key, value) for topic, key, _record, value in outcome.outputs]
 
     async def _send_now(self, topic: str, key: bytes, record: Record) -> None:
@@ -615,6 +641,8 @@ class Worker:
                 retry.add_done_callback(self._retries.discard)
                 return
             self.owned = set(assigned)
+            self.metrics.owned.set(len(assigned))
+            self.metrics.forget_partitions((tp.topic, tp.partition) for tp in gone)
             log.info("ready: deciding %d partitions (%d restored from %d changelog records) in %.0f ms: %s",
                      len(assigned), len(restore), restored, (time.monotonic() - started) * 1000,
                      _names(assigned))

@@ -1,11 +1,11 @@
-"""``/v1/status`` (this agent on this door) and ``/healthz`` (for a load balancer)."""
+"""``/v1/status`` (this agent on this door), ``/healthz`` (for a load balancer) and ``/metrics``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from ..calls import Creds, agent, door_of
 
@@ -47,3 +47,13 @@ async def healthz(request: Request) -> Any:
 async def livez(request: Request) -> Any:
     """The door's id; says nothing about Kafka (``/healthz`` does)."""
     return {"door": door_of(request).id, "live": True}
+
+
+@router.get("/metrics", summary="Prometheus metrics (no key needed): this door's calls, agents and sessions",
+            response_class=Response)
+async def metrics(request: Request) -> Response:
+    """The door's metrics in Prometheus' text format; the workers export the decisions' own."""
+    from ..metrics import exposition
+
+    body, content_type = exposition(request.app.state.metrics)
+    return Response(body, media_type=content_type)

@@ -244,13 +244,38 @@ def serve(ctx: click.Context, host: str | None, port: int | None, ssl_certfile: 
     from arbiter.door.serve import serve as run
 
     def ready(door: Any, url: str) -> None:
-        say(f"front door {door.id} ready on {url} (OpenAPI at {url}/openapi.json, docs at {url}/docs)")
+        say(f"front door {door.id} ready on {url} (console at {url}/, OpenAPI at {url}/openapi.json, docs at "
+            f"{url}/docs)")
 
     try:
         run(settings, host=host, port=port, loglevel=loglevel, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile,
             on_ready=ready)
     except ListenError as exc:
         fail(str(exc.strerror), "choose another with --port (or ARBITER_DOOR_PORT)")
+
+
+@main.command("console")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (beyond loopback the console asks for an admin's API key).")
+@click.option("--port", type=int, default=8090, show_default=True, help="Port (0: any free one).")
+@click.pass_context
+def console_(ctx: click.Context, host: str, port: int) -> None:
+    """Serve the live console (leases, waits, deadlocks, sagas, refusals, lag) when no front door runs: a
+    door of its own, on loopback by default. A running door serves the same page at its /."""
+    settings = settings_of(ctx)
+    if not broker_answers(settings.bootstrap, options=kafka_client_options(settings)):
+        unreachable(settings.bootstrap)
+    from arbiter.door.serve import ListenError
+    from arbiter.door.serve import serve as run
+
+    def ready(_door: Any, url: str) -> None:
+        say(f"console on {url}/ (Ctrl-C stops it)")
+
+    try:
+        run(settings.model_copy(update={"door_host": host}), host=host, port=port, loglevel="warning",
+            on_ready=ready)
+    except ListenError as exc:
+        fail(str(exc.strerror), "choose another with --port")
 
 
 # -- ping ----------------------------------------------------------------------------
@@ -437,12 +462,14 @@ def _register_late_commands() -> None:
     from .ledgercli import ledger
     from .mcpcli import hook, mcp
     from .sandboxcli import sandbox
+    from .topcli import top
 
     main.add_command(demo)
     main.add_command(ledger)
     main.add_command(sandbox)
     main.add_command(mcp)
     main.add_command(hook)
+    main.add_command(top)
     main.add_command(chaos)
     main.add_command(agents)
     main.add_command(saga)

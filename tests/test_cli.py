@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -132,6 +133,7 @@ def test_the_main_job_runs_safe_and_unsafe_side_by_side(bootstrap: str, tmp_path
     assert safe["delegation ring"] == "1 deadlock detected, victim compensated"
     assert "ledger invariants (with Arbiter): hold" in out
     assert "PASS: no safety rule was broken" in out
+    assert re.search(r"live console: http://127\.0\.0\.1:\d+/ ", out) and "front door stopped" in out, out
     assert "deleted the run's" in out, "the run's topics were not deleted"
     assert "zombie writes rejected" in out
     # The victim is the ring's youngest by the log's clock: whoever delegated last.

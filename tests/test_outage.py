@@ -119,6 +119,8 @@ ROUTES: dict[tuple[str, str], Any] = {
     ("POST", "/v1/sagas/{saga_id}/complete"): None,
     ("POST", "/v1/sagas/{saga_id}/abort"): {"reason": "outage"},
     ("GET", "/v1/status"): None,
+    ("GET", "/console/stream"): None,
+    ("GET", "/console/history"): None,
     ("POST", "/mcp"): {"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
     ("GET", "/mcp"): None,
     ("DELETE", "/mcp"): None,
@@ -140,7 +142,7 @@ def _every_route() -> set[tuple[str, str]]:
 
 def test_the_route_table_names_every_route() -> None:
     """A new door route must be added to ``ROUTES`` (and so to the outage test)."""
-    assert _every_route() == set(ROUTES) | {("GET", "/healthz"), ("GET", "/livez")}
+    assert _every_route() == set(ROUTES) | {("GET", "/healthz"), ("GET", "/livez"), ("GET", "/metrics")}
 
 
 LOCK_VERBS: list[tuple[str, ...]] = [
@@ -160,6 +162,7 @@ OTHER_VERBS: list[tuple[str, ...]] = [
     ("topics", "list"), ("topics", "delete", "tzz-none."), ("worker",), ("serve", "--port", "0"),
     ("demo", "--workers", "1"), ("chaos", "calm", "--duration", "5"), ("sandbox", "gc", "--repo", "app"),
     ("sandbox", "hook", "--agent", "alice", "--repo", "app"), ("mcp", "--agent", "alice"),
+    ("top", "--once"), ("console", "--port", "0"),
 ]
 """Every other verb that needs Kafka. Not here: ``kafka up``/``down``/``reset`` (they act on the local
 broker itself; ``tests/test_localkafka.py``), ``kafka status`` (below)."""

@@ -131,19 +131,22 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
                    f"{plan.customers} customers, {plan.slow_agents} slow agents and their backups, a delegation "
                    f"ring of 4, {plan.drafters} drafters on one document (seed {seed}, speed x{speed:g})")
         door_url: str | None = None
+        # A front door: the swarm's agents go through it with --via-http; either way it serves the live console.
+        door = DoorProcess(settings, log_dir=folder)
+
+        def stop_door() -> None:
+            door.stop()
+            click.echo("front door stopped")
+
+        stack.callback(stop_door)
+        try:
+            started = door.start().url
+        except RuntimeError as exc:
+            fail(f"the front door did not start: {exc}")
         if via_http:
-            door = DoorProcess(settings, log_dir=folder)
-
-            def stop_door() -> None:
-                door.stop()
-                click.echo("front door stopped")
-
-            stack.callback(stop_door)
-            try:
-                door_url = door.start().url
-            except RuntimeError as exc:
-                fail(f"the front door did not start: {exc}")
+            door_url = started
             click.echo(f"front door on {door_url}: the swarm's agents go through it (log {door.log})")
+        click.echo(f"live console: {started}/ (open it while the swarm runs; arbiter top shows it in a terminal)")
         live, screen = LiveState(), Screen()
         interrupted = False
         coding = None

@@ -49,6 +49,7 @@ from arbiter.agents import ArbiterClient, Lease
 from arbiter.agents.sagas import Saga
 from arbiter.edge.clock import now_ms
 from arbiter.edge.keys import anchors_for
+from arbiter.edge.livefeed import LiveFeed
 from arbiter.edge.registryfeed import RegistryFeed
 from arbiter.edge.settings import Settings
 from arbiter.edge.tail import Tail
@@ -158,6 +159,17 @@ class Door:
         self.readiness = Readiness(settings)
         """What ``/healthz`` answers: Kafka reachable, a worker in the group."""
         self._tasks: set[asyncio.Future[Any]] = set()
+        self._live: LiveFeed | None = None
+        self._live_lock = asyncio.Lock()
+
+    async def live(self) -> LiveFeed:
+        """The console's feed of the log, started on first use (one per door, shared by its pages)."""
+        async with self._live_lock:
+            if self._live is None:
+                feed = LiveFeed(self.settings)
+                await feed.start()
+                self._live = feed
+            return self._live
 
     def spawn(self, work: Awaitable[Any]) -> None:
         """Run ``work`` in the background (kept referenced until it ends)."""
@@ -193,6 +205,8 @@ class Door:
         await asyncio.gather(*(self._drop(key_id) for key_id in list(self.agents)), return_exceptions=True)
         if self._feed is not None:
             await self._feed.stop()
+        if self._live is not None:
+            await self._live.stop()
         await self.readiness.close()
 
     # -- authentication -----------------------------------------------------------------

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from . import gateway, leases, sagas, session, status
+from . import console, gateway, leases, sagas, session, status
 
-ROUTERS: tuple[APIRouter, ...] = (leases.router, gateway.router, sagas.router, status.router, session.router)
+ROUTERS: tuple[APIRouter, ...] = (leases.router, gateway.router, sagas.router, status.router, session.router,
+                                  console.router)
 """Every router, in the order /docs lists them."""

@@ -1,0 +1,114 @@
+"""The live console in Debian's headless Chromium, against a real door and worker during a real run: it
+loads without console errors, a lease granted after it opened appears within a second, a deadlock shows
+its cycle and victim, names are rendered as text (a ``<script>`` resource runs nothing), and an agent's
+search opens its timeline. A screenshot is kept as the test's artifact."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from arbiter.agents import ArbiterClient
+from arbiter.edge.settings import Settings
+from arbiter.processes import DoorProcess, settings_env
+from arbiter.schemas import DeadlockDetected
+from bench.cdp import Browser
+
+from .test_audit_html import chromium
+
+pytestmark = pytest.mark.kafka
+
+HOSTILE = 'doc:<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'
+
+
+def artifacts(tmp_path: Path) -> Path:
+    """Where a test's artifacts go: ``ARBITER_TEST_ARTIFACTS`` when set (CI keeps it), else the test's folder."""
+    folder = Path(os.environ.get("ARBITER_TEST_ARTIFACTS") or tmp_path)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+async def test_the_console_shows_a_live_run(kafka_settings: Settings, door: DoorProcess, tmp_path: Path) -> None:
+    settings = kafka_settings
+    async with ArbiterClient("ann", settings) as ann, ArbiterClient("bob", settings) as bob, \
+            Browser(chromium(), tmp_path / "profile") as page:
+        early = await ann.acquire("doc:before", ttl=60)  # in the snapshot the page gets first
+        await page.open(door.url + "/")
+        await page.until("document.getElementById('status').textContent === 'live'")
+        await page.until("document.querySelector('#leases tr[data-resource=\"doc:before\"]') !== null")
+
+        # A grant after the page opened is on it within a second.
+        sent = time.time() * 1000
+        lease = await bob.acquire("doc:live", ttl=60)
+        appeared = await page.until("window.arbiterConsole.appeared['doc:live\\u0000bob']", timeout=5)
+        assert appeared - sent < 1000, f"the grant took {appeared - sent:.0f} ms to appear"
+        queued = asyncio.create_task(ann.acquire("doc:live", ttl=60, wait=30))
+        await page.until("[...document.querySelectorAll('#leases tr')].some(r => r.dataset.resource === 'doc:live' "
+                         "&& r.textContent.includes('ann'))")
+
+        # A name is text: nothing in it runs, nothing becomes an element.
+        hostile = await ann.acquire(HOSTILE, ttl=60)
+        await page.until(f"[...document.querySelectorAll('#leases tr')].some(r => r.dataset.resource === "
+                         f"{json.dumps(HOSTILE)})")
+        assert await page.eval("window.pwned === undefined && document.querySelectorAll('#leases img, "
+                               "#leases script').length === 0")
+
+        # A deadlock shows its cycle and its victim.
+        async with ann.delegate(to="bob", task="review"), bob.delegate(to="ann", task="merge"):
+            found = await asyncio.wait_for(_first_deadlock(ann, bob), 60)
+            victim = await page.until("document.querySelector('#deadlocks .cycle')?.dataset.victim", timeout=5)
+            assert victim == found.victim
+            text = await page.eval("document.getElementById('deadlocks').textContent")
+            assert "ann" in text and "bob" in text and "victim" in text, text
+
+        # A search opens the agent's timeline.
+        await page.eval("document.getElementById('search').value = 'bob'; document.getElementById('search')"
+                        ".dispatchEvent(new KeyboardEvent('keydown', {key: 'Enter'}))")
+        await page.until("document.querySelectorAll('#history tr').length > 0")
+        assert "doc:live" in await page.eval("document.getElementById('history').textContent")
+
+        await bob.release(lease)
+        granted = await queued  # the queued grant follows the release
+        await page.until("[...document.querySelectorAll('#leases tr')].some(r => r.dataset.resource === 'doc:live' "
+                         "&& r.querySelector('.held').textContent === 'ann')")
+        shot = await page.screenshot(artifacts(tmp_path) / "console.png")
+        assert shot.stat().st_size > 10_000
+        assert page.errors == [], page.errors
+        for held in (granted, hostile, early):
+            await ann.release(held)
+    body = json.loads(await asyncio.to_thread(
+        lambda: urllib.request.urlopen(door.url + "/console/history?name=doc:live", timeout=10).read()))
+    assert [e["kind"] for e in body["events"]][:2] == ["granted", "queued"] and "token" not in json.dumps(body)
+
+
+async def _first_deadlock(*clients: ArbiterClient) -> DeadlockDetected:
+    done, pending = await asyncio.wait({asyncio.ensure_future(c.wait_for_deadlock()) for c in clients},
+                                       return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    return done.pop().result()
+
+
+async def test_arbiter_top_shows_holders_queues_and_refusals(kafka_settings: Settings, worker: object) -> None:
+    async with ArbiterClient("ann", kafka_settings) as ann, ArbiterClient("bob", kafka_settings) as bob:
+        held = await ann.acquire("doc:top", ttl=60)
+        in_queue = asyncio.Event()
+        queued = asyncio.create_task(bob.acquire("doc:top", ttl=60, wait=60, on_queued=lambda _q: in_queue.set()))
+        await asyncio.wait_for(in_queue.wait(), 30)  # the worker queued bob (decided: on the log)
+        done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "arbiter", "top", "--once"],
+                                       capture_output=True, text=True, timeout=60,
+                                       env={**settings_env(kafka_settings), "COLUMNS": "140"})
+        assert done.returncode == 0, done.stderr
+        line = next(li for li in done.stdout.splitlines() if "doc:top" in li)
+        assert "ann" in line and "bob" in line, done.stdout
+        await ann.release(held)
+        await bob.release(await queued)
+

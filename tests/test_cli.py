@@ -22,6 +22,34 @@ def arbiter(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
                           env=full_env, timeout=timeout, check=False)
 
 
+def in_tmux(args: list[str], env: dict[str, str], folder: Path, columns: int = 100, rows: int = 50,
+            timeout: float = 300) -> tuple[int, str]:
+    """Run ``arbiter ARGS`` in a tmux pane of ``columns`` x ``rows`` (a private tmux server, stopped after);
+    its exit code and the pane's whole screen and scrollback, wrapped lines joined."""
+    import shlex
+    import time
+    import uuid
+
+    socket, done = f"arbiter-test-{uuid.uuid4().hex[:8]}", folder / "exit-code"
+    conf = folder / "tmux.conf"
+    conf.write_text("set -g history-limit 100000\nset -g remain-on-exit on\n")
+    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "arbiter", *args])
+    tmux = ["tmux", "-L", socket, "-f", str(conf)]
+    subprocess.run([*tmux, "new-session", "-d", "-x", str(columns), "-y", str(rows),
+                    f"{command}; echo $? > {shlex.quote(str(done))}"], env={**os.environ, **env}, check=True,
+                   cwd=REPO)
+    try:
+        deadline = time.monotonic() + timeout
+        while not done.exists() or not done.read_text().strip():
+            assert time.monotonic() < deadline, f"arbiter {' '.join(args)} did not end within {timeout:g} s"
+            time.sleep(0.2)  # (the command's own exit is what is waited on)
+        screen = subprocess.run([*tmux, "capture-pane", "-p", "-J", "-S", "-", "-E", "-"], capture_output=True,
+                                text=True, check=True).stdout
+        return int(done.read_text()), screen
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True, check=False)
+
+
 def test_help_lists_every_command() -> None:
     out = arbiter("--help").stdout
     for command in ("kafka", "topics", "worker", "ping", "demo"):
@@ -114,9 +142,14 @@ def test_the_main_job_runs_safe_and_unsafe_side_by_side(bootstrap: str, tmp_path
 
     settings = isolated_settings(bootstrap, tmp_path)
     env = settings_env(settings)
-    proc = arbiter("demo", "--workers", "2", "--speed", "100", "--seed", "3", "--unsafe", env=env, timeout=300)
-    out = proc.stdout
-    assert proc.returncode == 0, out + proc.stderr
+    # In a 100-column terminal (tmux): the live views are drawn, and must leave no fragment behind.
+    code, out = in_tmux(["demo", "--workers", "2", "--speed", "100", "--seed", "3", "--unsafe"], env, tmp_path)
+    assert code == 0, out
+    lines = out.splitlines()
+    for frame in ("swarm without Arbiter [", "swarm [", "leases: "):
+        drawn = [line for line in lines if line.startswith(frame)]
+        assert len(drawn) == 1, f"{len(drawn)} lines of the live view start with {frame!r}, not one:\n{out}"
+    assert not [line for line in lines if "held by" in line and not line.startswith("  ")], out
     rows = [[cell.strip() for cell in line.split(" | ")] for line in out.splitlines() if line.count(" | ") == 2]
     unsafe = {name: left for name, left, _right in rows}
     safe = {name: right for name, _left, right in rows}

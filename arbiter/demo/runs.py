@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from arbiter.demo.view import LiveState, Screen, follow
+from arbiter.demo.view import LiveState, Screen, follow, progress_line
 from arbiter.edge.settings import Settings, Topics
 from arbiter.processes import WorkerPool
 from arbiter.schemas.partitioning import key_for_partition
@@ -153,6 +153,7 @@ async def safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: Live
                 raise RuntimeError("the live view did not reach the end of the decision topics within 30 s") from None
             screen.draw(live.lines(tally.done, plan.steps(), time.monotonic() - started))
         finally:
+            screen.close()  # before anything else is printed: no fragment of the live view is left over
             stop.set()
             swarm.cancel()
             await asyncio.gather(swarm, follower, return_exceptions=True)
@@ -173,7 +174,18 @@ async def unsafe_swarm(plan: Any, ledger_path: Path) -> Any:
     async def workspace(agent_id: str) -> UnsafeWorkspace:
         return UnsafeWorkspace(agent_id, ledger, registry)
 
-    await run_swarm(plan, workspace, tally)
+    screen, started = Screen(), time.monotonic()
+    swarm = asyncio.create_task(run_swarm(plan, workspace, tally))
+    try:
+        while not swarm.done():
+            screen.draw([progress_line("swarm without Arbiter", tally.done, plan.steps(), time.monotonic() - started)])
+            await asyncio.wait({swarm}, timeout=0.25)
+        await swarm
+        screen.draw([progress_line("swarm without Arbiter", tally.done, plan.steps(), time.monotonic() - started)])
+    finally:
+        screen.close()
+        swarm.cancel()
+        await asyncio.gather(swarm, return_exceptions=True)
     return tally, ledger
 
 

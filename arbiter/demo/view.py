@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
@@ -11,6 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
 
 from arbiter.edge.settings import Settings
 from arbiter.edge.tail import Tail
@@ -94,8 +96,7 @@ class LiveState:
 
     def lines(self, done: int, total: int, elapsed: float, width: int = 30) -> list[str]:
         """The view, as lines of text."""
-        filled = round(width * done / max(total, 1))
-        out = [f"swarm [{'#' * filled}{'-' * (width - filled)}] {done}/{total} steps, {elapsed:5.1f} s"]
+        out = [progress_line("swarm", done, total, elapsed, width)]
         busy = sorted(r for r in set(self.holders) | set(self.queued) if self.holders[r] or self.queued[r])
         out.append(f"leases: {sum(len(h) for h in self.holders.values())} held, "
                    f"{sum(len(q) for q in self.queued.values())} queued")
@@ -111,6 +112,12 @@ class LiveState:
                    + (f" (victim {', '.join(self.victims)})" if self.victims else "")
                    + f", compensations {self.counts['compensations']}")
         return out
+
+
+def progress_line(label: str, done: int, total: int, elapsed: float, width: int = 30) -> str:
+    """``swarm [####------] 12/40 steps, 3.1 s``."""
+    filled = round(width * done / max(total, 1))
+    return f"{label} [{'#' * filled}{'-' * (width - filled)}] {done}/{total} steps, {elapsed:5.1f} s"
 
 
 async def follow(settings: Settings, state: LiveState, stop: asyncio.Event,
@@ -144,19 +151,29 @@ def _fold(state: LiveState, record: Record | None) -> None:
 
 
 class Screen:
-    """Redraws the live view in place on a terminal; elsewhere prints it every few seconds."""
+    """The live view: ``rich``'s ``Live`` on a terminal (it crops each line to the terminal's width, follows
+    resizes, and leaves one clean final frame when ``close``d, so what is printed next starts below it);
+    elsewhere (a pipe, a log) the progress line every few seconds."""
 
-    def __init__(self) -> None:
-        self.tty = sys.stdout.isatty()
-        self.drawn = 0
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console()
+        self.live: Live | None = None
         self.last_print = 0.0
 
     def draw(self, lines: list[str]) -> None:
-        if self.tty:
-            up = f"\x1b[{self.drawn}F" if self.drawn else ""
-            sys.stdout.write(up + "".join(f"\x1b[2K{line}\n" for line in lines))
-            sys.stdout.flush()
-            self.drawn = len(lines)
+        if self.console.is_terminal:
+            frame = Group(*(Text(line, no_wrap=True, overflow="ellipsis") for line in lines))
+            if self.live is None:
+                self.live = Live(frame, console=self.console, auto_refresh=False, transient=False,
+                                 vertical_overflow="crop")
+                self.live.start()
+            self.live.update(frame, refresh=True)
         elif time.monotonic() - self.last_print >= 5:
             self.last_print = time.monotonic()
             click.echo(lines[0])
+
+    def close(self) -> None:
+        """Stop redrawing: the last frame stays, and the cursor is below it."""
+        if self.live is not None:
+            self.live.stop()
+            self.live = None

@@ -209,13 +209,7 @@ def print_summary(report: dict[str, Any], html_path: Path | None = None, limit: 
         click.echo(f"  human actions (operator overrides): {len(actions)}")
         for action in actions[:limit]:
             click.echo(f"    {action['who']}: {action['what']}, because {action['reason']!r} at {action['where']}")
-    for name, row in report["checks"].items():
-        ok = row["violations"] == 0
-        mark = click.style("ok  " if ok else "FAIL", fg="green" if ok else "red", bold=not ok)
-        extra = f"  ({row['open']} open)" if row["open"] else ""
-        bad = f"  {row['violations']} violation(s)" if row["violations"] else ""
-        seen = f"  {row.get('intrusions', 0)} intrusion(s) detected" if row.get("intrusions") else ""
-        click.echo(f"  {mark} {name:<17} {row['description']}{bad}{seen}{extra}")
+    _checks_table(report["checks"])
     findings = report["findings"]
     for finding in findings[:limit]:
         colour = {"violation": "red", "intrusion": "magenta"}.get(finding["severity"], "yellow")
@@ -289,3 +283,25 @@ def log_export(ctx: click.Context, path: Path) -> None:
 
 
 COMMANDS = (audit, replay, log_group)
+
+
+def _checks_table(checks: dict[str, Any]) -> None:
+    """One row per safety rule (rich: fitted to the terminal, plain text in a pipe or a log)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=None, show_header=False, pad_edge=False, padding=(0, 1))
+    for column in ("mark", "check", "rule", "found"):
+        table.add_column(column, no_wrap=column in ("mark", "check"), overflow="fold")
+    for name, row in checks.items():
+        ok = row["violations"] == 0
+        found = "  ".join(x for x in (f"{row['violations']} violation(s)" if row["violations"] else "",
+                                      f"{row.get('intrusions', 0)} intrusion(s) detected" if row.get("intrusions")
+                                      else "", f"({row['open']} open)" if row["open"] else "") if x)
+        table.add_row(Text("ok" if ok else "FAIL", style="green" if ok else "bold red"), Text(name),
+                      Text(str(row["description"])), Text(found))
+    console = Console(width=None if sys.stdout.isatty() else 160, highlight=False)
+    with console.capture() as captured:
+        console.print(table)
+    click.echo("\n".join("  " + line.rstrip() for line in captured.get().splitlines()), color=console.is_terminal)

@@ -84,7 +84,7 @@ def table_rows(result: dict[str, Any]) -> tuple[list[str], list[tuple[str, list[
 
 
 def plain(result: dict[str, Any]) -> str:
-    """The table as plain text."""
+    """The table as plain text (for a JSON-less log or a test; the terminal gets rich's)."""
     header, rows = table_rows(result)
     widths = [max(len(r[0]) for r in rows)] + [max(len(header[i + 1]), *(len(r[1][i]) for r in rows))
                                              for i in range(len(header) - 1)]
@@ -96,28 +96,24 @@ def plain(result: dict[str, Any]) -> str:
 
 
 def render(result: dict[str, Any], echo: Any) -> None:
-    """Print the table (rich when available) and the lines below it."""
+    """Print the table (rich: it fits the terminal's width, or 140 columns in a pipe) and the lines below it."""
     o = result["options"]
     title = (f"arbiter chaos {result['campaign']}: {o['workers']} workers, {o['agents']} agents, "
              f"{o['partitions']} partitions, worker session timeout {o['session_timeout_s']:g} s"
              + (f" (asked {o['session_timeout_asked_s']:g} s; the broker's bounds)"
                 if o.get("session_timeout_asked_s", o["session_timeout_s"]) != o["session_timeout_s"] else "")
              + f", broker {o.get('broker', '-')}, seed {o['seed']}")
-    try:
-        from rich import box
-        from rich.console import Console
-        from rich.table import Table
-    except ImportError:  # rich is not among Arbiter's own dependencies
-        echo(title)
-        echo(plain(result))
-    else:
-        header, rows = table_rows(result)
-        echo(title)
-        table = Table(box=box.SIMPLE_HEAD)
-        for i, name in enumerate(header):
-            table.add_column(name, overflow="fold", no_wrap=i == 0)
-        for name, values in rows:
-            table.add_row(name, *values)
-        Console(width=None if sys.stdout.isatty() else 140).print(table)
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    header, rows = table_rows(result)
+    echo(title)
+    table = Table(box=box.SIMPLE_HEAD)
+    for i, name in enumerate(header):
+        table.add_column(name, overflow="fold", no_wrap=i == 0)
+    for name, values in rows:
+        table.add_row(name, *values)
+    Console(width=None if sys.stdout.isatty() else 140).print(table)
     for line in lines(result):
         echo(line)

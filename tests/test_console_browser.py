@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -112,3 +113,34 @@ async def test_arbiter_top_shows_holders_queues_and_refusals(kafka_settings: Set
         await ann.release(held)
         await bob.release(await queued)
 
+
+
+async def test_beyond_loopback_only_an_operators_key_opens_the_console(kafka_settings: Settings, worker: object,
+                                                                       tmp_path: Path) -> None:
+    from arbiter.agents.identities import Registrar
+
+    registrar = Registrar(kafka_settings)
+    keys = {}
+    for name in ("ops", "ann"):
+        await registrar.add(name)
+        keys[name] = (await registrar.issue_credential(name, label="console"))[0].api_key()
+    door = DoorProcess(kafka_settings.model_copy(update={"door_host": "0.0.0.0", "console_operators": "ops"}),
+                       log_dir=tmp_path)
+    await asyncio.to_thread(door.start)
+    try:
+        def status(key: str | None) -> int:
+            request = urllib.request.Request(door.url + "/console/history?name=doc:x",
+                                             headers={"Authorization": f"Bearer {key}"} if key else {})
+            try:
+                with urllib.request.urlopen(request, timeout=30) as answer:
+                    return int(answer.status)
+            except urllib.error.HTTPError as error:
+                return int(error.code)
+
+        assert await asyncio.to_thread(status, None) == 401
+        assert await asyncio.to_thread(status, keys["ann"]) == 403
+        assert await asyncio.to_thread(status, keys["ops"]) == 200
+        page = await asyncio.to_thread(lambda: urllib.request.urlopen(door.url + "/", timeout=10).read().decode())
+        assert "operator's API key" in page  # the page itself asks for it
+    finally:
+        door.stop()

@@ -36,15 +36,28 @@ class _Guard:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         try:
             await self.door.refuse_if_unreachable()
-            await self.door.authenticate(headers.get("authorization"))
+            signer, _ = await self.door.authenticate(headers.get("authorization"))
+            if scope.get("method") != "POST":  # the session's event stream, or its end: not a call
+                await self.app(scope, receive, send)
+                return
+            # A message (a tool call) is one call of the agent's: rate-limited and counted like the others.
+            call = self.door.call(signer)
+            await call.__aenter__()
         except Refusal as refusal:
-            body = json.dumps(refusal.body()).encode()
-            await send({"type": "http.response.start", "status": refusal.status, "headers": [
-                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                *((k.lower().encode(), v.encode()) for k, v in refusal.headers.items())]})
-            await send({"type": "http.response.body", "body": body})
+            await _refuse(send, refusal)
             return
-        await self.app(scope, receive, send)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            await call.__aexit__(None, None, None)
+
+
+async def _refuse(send: Send, refusal: Refusal) -> None:
+    body = json.dumps(refusal.body()).encode()
+    await send({"type": "http.response.start", "status": refusal.status, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        *((k.lower().encode(), v.encode()) for k, v in refusal.headers.items())]})
+    await send({"type": "http.response.body", "body": body})
 
 
 def mount(app: Any, door: Door, settings: Settings) -> contextlib.AbstractAsyncContextManager[None]:

@@ -225,6 +225,10 @@ class Settings(BaseSettings):
     door_idle_seconds: float = Field(default=60.0, gt=0)
     """How long a door keeps an agent's state after its last call and session (held leases keep it)."""
 
+    console_operators: str = ""
+    """Identities (comma separated) whose front-door API keys open the live console on a door that listens
+    beyond loopback; on loopback it is open to this machine. Empty: nobody, beyond loopback."""
+
     metrics_port: int = Field(default=0, ge=0, le=65535)
     """Serve a worker's Prometheus metrics on ``http://<metrics_host>:<port>/metrics``; 0: none. Give each
     worker on one machine its own port (a taken port is logged, and the worker decides anyway)."""
@@ -319,6 +323,10 @@ class Settings(BaseSettings):
     def ledger_url(self) -> str:
         """The ledger DSN, with the SQLite default filled in."""
         return self.ledger_dsn or str((self.home / "ledger.sqlite3").resolve())
+
+    def operator_names(self) -> set[str]:
+        """``console_operators`` as a set."""
+        return {n.strip() for n in self.console_operators.split(",") if n.strip()}
 
     def bootstrap_list(self) -> list[str]:
         """Bootstrap servers as a list."""

@@ -3,8 +3,9 @@
 or agent's recent timeline).
 
 An operator's view: when the door listens on loopback only, anyone on this machine may watch;
-otherwise the stream and history need an admin identity's API key (``Authorization: Bearer``; the
-page asks for it). Nothing it sends carries a fencing token.
+otherwise the stream and history need the API key of an operator (an identity named in
+``ARBITER_CONSOLE_OPERATORS``; ``Authorization: Bearer``, which the page asks for). Nothing it sends
+carries a fencing token.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
-
-from arbiter.schemas.roles import ROLE_ADMIN
 
 from ..calls import door_of
 from ..errors import Refusal
@@ -35,10 +34,10 @@ async def _operator(request: Request) -> None:
     door = door_of(request)
     if door.settings.door_host in LOOPBACK:
         return
-    _signer, entry = await door.authenticate(request.headers.get("authorization"))
-    if entry.role != ROLE_ADMIN:
-        raise Refusal(403, "forbidden", f"{entry.name!r} is an agent; the console is an operator's view",
-                      "Use an admin identity's API key (arbiter agents api-key admin).")
+    signer, _entry = await door.authenticate(request.headers.get("authorization"))
+    if signer.name not in door.settings.operator_names():
+        raise Refusal(403, "forbidden", f"{signer.name!r} is not an operator; the console is an operator's view",
+                      "Use the API key of an identity named in ARBITER_CONSOLE_OPERATORS.")
 
 
 @router.get("/", include_in_schema=False)

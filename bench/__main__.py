@@ -16,6 +16,7 @@ checkpoint beside one from zero (``bench.checkpoint``, no broker), run only when
 ``python -m bench merges [--agents 4] [--rounds 3] [--sizes 100,1000,10000]``: the merge queue's
 merges/s with and without a 1 s check, and git merge-tree's preflight time against repository size
 (``bench.merges``), run only when named.
+``python -m bench metrics``: a worker's metrics' CPU per input (``bench.metrics``), run only when named.
 ``python -m bench console [--rate 100] [--seconds 20]``: the live console's CPU cost on the front door per
 1,000 decisions, and its page's update latency in headless Chromium (``bench.console``), run only when named.
 The Kafka benchmarks need a broker (``./dev bench`` starts the local one) and start
@@ -91,6 +92,10 @@ def main() -> None:
     if sys.argv[1:2] == ["checkpoint"]:  # audit from a checkpoint: cost per new message, no broker
         from . import checkpoint
         checkpoint.main(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["metrics"]:  # what counting costs a worker per input
+        from . import metrics
+        metrics.main()
         return
     if sys.argv[1:2] == ["console"]:  # the live console's cost on the door, and its page's update latency
         from . import console

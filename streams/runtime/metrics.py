@@ -47,6 +47,13 @@ from arbiter.schemas.reasons import Reason
 MAX_PREFIXES = 64
 """Distinct resource prefixes a worker labels; past them a prefix is ``other`` (a label set stays bounded)."""
 PREFIX = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+CODE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
+
+
+def code(reason: str) -> str:
+    """A reason as a label: the stable codes pass; anything else (free text, should one ever come) is
+    ``other``, so a label set stays bounded whatever a record carries."""
+    return reason if CODE.match(reason) else "other"
 SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600)
 
 NAMES = (
@@ -167,6 +174,15 @@ class WorkerMetrics:
         self.owned = Gauge("arbiter_partitions_owned", "Input partitions this worker decides", registry=r)
         r.register(_Books(books, self.prefix))
         self._granted: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def _of(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, kept: the label sets are bounded, and a decision is the hot path."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     # -- one input
 
@@ -174,9 +190,9 @@ class WorkerMetrics:
                 stage: str, now_ms: int | None = None) -> None:
         """Count what one input led to: its distinct output records, its dead letter, its latency."""
         now = time.time() * 1000 if now_ms is None else now_ms
-        self.inputs.labels(processor).inc()
+        self._of(self.inputs, processor).inc()
         if appended_ms > 0:
-            self.latency.labels(processor).observe(max(0.0, now - appended_ms) / 1000)
+            self._of(self.latency, processor).observe(max(0.0, now - appended_ms) / 1000)
         seen: set[int] = set()
         for record in records:
             if id(record) in seen or isinstance(record, DeadLetter):
@@ -184,48 +200,48 @@ class WorkerMetrics:
             seen.add(id(record))
             self._record(record)
         if letter is not None:
-            self.dead_letters.labels(letter.reason).inc()
+            self._of(self.dead_letters, code(letter.reason)).inc()
             if letter.reason == Reason.PROCESSOR_FAILED.value:
-                self.quarantined.labels(stage).inc()
+                self._of(self.quarantined, stage).inc()
             if stage == "trust" and letter.reason == Reason.UNAUTHENTICATED.value:
-                self.signatures.labels(letter.reason).inc()
+                self._of(self.signatures, code(letter.reason)).inc()
 
     def _record(self, record: Record) -> None:
         if isinstance(record, LockGranted):
             prefix = self.prefix(record.resource)
-            self.grants.labels(prefix, record.mode).inc()
-            self.ttl.labels(prefix).observe(max(0, record.expires_at_ms - record.decided_at_ms) / 1000)
+            self._of(self.grants, prefix, record.mode).inc()
+            self._of(self.ttl, prefix).observe(max(0, record.expires_at_ms - record.decided_at_ms) / 1000)
             if record.request_sent_at_ms:
-                self.wait.labels(prefix).observe(max(0, record.decided_at_ms - record.request_sent_at_ms) / 1000)
+                self._of(self.wait, prefix).observe(max(0, record.decided_at_ms - record.request_sent_at_ms) / 1000)
             self._remember(record.resource, record.token, record.decided_at_ms)
         elif isinstance(record, LockQueued):
-            self.queued.labels(self.prefix(record.resource)).inc()
+            self._of(self.queued, self.prefix(record.resource)).inc()
         elif isinstance(record, LockRenewed):
-            self.renewals.labels(self.prefix(record.resource)).inc()
+            self._of(self.renewals, self.prefix(record.resource)).inc()
         elif isinstance(record, LockReleased):
-            self.releases.labels(self.prefix(record.resource)).inc()
+            self._of(self.releases, self.prefix(record.resource)).inc()
             self._ended(record.resource, record.token, record.decided_at_ms, "released")
         elif isinstance(record, LockExpired):
-            self.expiries.labels(self.prefix(record.resource)).inc()
+            self._of(self.expiries, self.prefix(record.resource)).inc()
             self._ended(record.resource, record.token, record.decided_at_ms, "expired")
         elif isinstance(record, LockRevoked):
-            self.revocations.labels(self.prefix(record.resource)).inc()
+            self._of(self.revocations, self.prefix(record.resource)).inc()
             self._ended(record.resource, record.token, record.decided_at_ms, "revoked")
         elif isinstance(record, LockDenied):
-            self.denials.labels(self.prefix(record.resource), record.reason).inc()
+            self._of(self.denials, self.prefix(record.resource), code(record.reason)).inc()
         elif isinstance(record, LockWaitTimedOut):
-            self.wait_timeouts.labels(self.prefix(record.resource)).inc()
+            self._of(self.wait_timeouts, self.prefix(record.resource)).inc()
         elif isinstance(record, LockCancelled):
-            self.cancellations.labels(self.prefix(record.resource), record.reason).inc()
+            self._of(self.cancellations, self.prefix(record.resource), code(record.reason)).inc()
         elif isinstance(record, ToolApplied):
-            self.gateway.labels(self.prefix(record.resource), "applied", "applied").inc()
+            self._of(self.gateway, self.prefix(record.resource), "applied", "applied").inc()
         elif isinstance(record, ToolRejected):
-            self.gateway.labels(self.prefix(record.resource), "rejected", record.reason).inc()
+            self._of(self.gateway, self.prefix(record.resource), "rejected", code(record.reason)).inc()
         elif isinstance(record, DeadlockDetected):
             self.deadlocks.inc()
             self.victims.inc()
         elif isinstance(record, SagaFinished):
-            self.sagas.labels(record.outcome).inc()
+            self._of(self.sagas, code(record.outcome)).inc()
         elif isinstance(record, Compensated):
             self.compensations.inc()
 
@@ -237,7 +253,7 @@ class WorkerMetrics:
     def _ended(self, resource: str, token: int, at_ms: int, end: str) -> None:
         granted = self._granted.pop((resource, token), None)
         if granted is not None:
-            self.hold.labels(self.prefix(resource), end).observe(max(0, at_ms - granted) / 1000)
+            self._of(self.hold, self.prefix(resource), end).observe(max(0, at_ms - granted) / 1000)
 
     # -- the partitions
 

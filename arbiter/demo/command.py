@@ -140,13 +140,19 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
 
         stack.callback(stop_door)
         try:
-            started = door.start().url
+            started: str | None = door.start().url
         except RuntimeError as exc:
-            fail(f"the front door did not start: {exc}")
+            if via_http:
+                fail(f"the front door did not start: {exc}")
+            started = None  # (an install without arbiter[door]): the run goes on without a console
+            click.echo(f"live console: not started ({exc}); 'pip install arbiter[door]' adds it, and arbiter top "
+                       "shows the run in a terminal")
         if via_http:
             door_url = started
             click.echo(f"front door on {door_url}: the swarm's agents go through it (log {door.log})")
-        click.echo(f"live console: {started}/ (open it while the swarm runs; arbiter top shows it in a terminal)")
+        if started is not None:
+            click.echo(f"live console: {started}/ (open it while the swarm runs; arbiter top shows it in a "
+                       "terminal)")
         live, screen = LiveState(), Screen()
         interrupted = False
         coding = None

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from aiokafka import TopicPartition
 
 from arbiter.agents import ArbiterClient, ArbiterTimeout
 from arbiter.audit.log import read_log
@@ -77,6 +78,69 @@ def test_a_table_stores_objects_and_writes_their_changelog_form() -> None:
 
 
 # -- workers that come and go (real Kafka) -------------------------------------------------
+
+class _Consumer:
+    """The consumer calls ``Worker.revoked``/``assigned`` make, over a committed offset that stands still."""
+
+    def __init__(self, committed: dict[TopicPartition, int]) -> None:
+        self.offsets = committed
+        self.seeks: dict[TopicPartition, int] = {}
+
+    async def committed(self, tp: TopicPartition) -> int | None:
+        return self.offsets.get(tp)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self.seeks[tp] = offset
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self.offsets)
+
+
+async def test_a_batch_not_committed_before_a_rebalance_is_not_skipped_by_the_partitions_kept(
+        tmp_path: Path) -> None:
+    """The fuzz test once stalled a partition 150 inputs short for good: its last batch before a rebalance
+    was decided (positions moved past it) but its commit failed, and the rebalance kept the partition here
+    "untouched" (its commit had not moved) and went on past the batch, which stayed uncommitted. Kept
+    partitions with a batch not committed are restored and go back to their last commit instead."""
+    from aiokafka.errors import KafkaConnectionError
+
+    from arbiter.edge.keys import key_file, write_private_key
+    from arbiter.schemas.identity import Signer
+    from arbiter.streams.runtime.worker import Worker
+
+    settings = isolated_settings("127.0.0.1:1", tmp_path)
+    write_private_key(key_file(tmp_path, "worker"), Signer.generate("worker"))
+    worker = Worker(settings)
+    clean, dirty = (TopicPartition(settings.topics.wait_edges, p) for p in (0, 1))
+    consumer = _Consumer({clean: 10, dirty: 10})
+    worker.consumer = consumer  # type: ignore[assignment]
+    restored: list[set[TopicPartition]] = []
+
+    async def restore(tps: set[TopicPartition]) -> int:
+        restored.append(set(tps))
+        return 0
+
+    worker._restore = restore  # type: ignore[method-assign]
+    worker.owned = {clean, dirty}
+    worker.next = {clean: 10, dirty: 10}
+    worker.decided_to = {clean: 10, dirty: 160}  # 150 inputs of ``dirty`` decided, their commit in flight
+
+    async def commit_fails() -> None:
+        raise KafkaConnectionError("the commit did not reach the coordinator")
+
+    worker._inflight = asyncio.ensure_future(commit_fails())
+    await worker.revoked({clean, dirty})
+    await worker.assigned({clean, dirty})
+    assert restored == [{clean, dirty}]
+    assert worker.next[dirty] == worker.decided_to[dirty] == 10, "it must go back to its last commit"
+    assert dirty not in consumer.seeks or consumer.seeks[dirty] == 10
+    # A rebalance with every batch committed keeps its partitions as they are.
+    worker.next, worker.decided_to = {clean: 10, dirty: 10}, {clean: 10, dirty: 10}
+    await worker.revoked({clean, dirty})
+    await worker.assigned({clean, dirty})
+    assert restored[1:] == [set()], "nothing to restore after a clean rebalance"
+    await worker.feed.stop()
+
 
 async def _churn(settings: Settings, pool: WorkerPool, change: str) -> dict[str, list[int]]:
     """Agents acquire and release 16 resources in a loop while ``change`` happens to the workers

@@ -477,12 +477,18 @@ class Worker:
         with contextlib.suppress(KafkaError):
             await self._settled()
         dirty = tps | set(self.owned)
-        for tp in dirty:
-            # Their state in memory may be ahead of their changelog: never kept across a rebalance.
-            self.next.pop(tp, None)
+        self._distrust(dirty)
         rewind = dirty & (self.consumer.assignment() if self.consumer else set())
         log.error("could not write or commit a batch (%s); rewinding %s to the last commit", exc, _names(rewind))
         await self._rewind(rewind)
+
+    def _distrust(self, tps: set[TopicPartition] | None = None) -> None:
+        """A batch of ``tps`` (default: every owned partition) was decided but not committed: their state in
+        memory and their positions may be ahead of what the log holds, so a rebalance that keeps them here
+        restores them from their changelog and their last commit instead of going on where they were (it
+        went on past the batch: its decisions stayed uncommitted, and the lag never closed)."""
+        for tp in set(self.owned) if tps is None else tps:
+            self.next.pop(tp, None)
 
     def _decidable(self, batch: dict[TopicPartition, list[ConsumerRecord]]
                    ) -> list[tuple[TopicPartition, list[ConsumerRecord]]]:
@@ -595,6 +601,7 @@ class Worker:
                 await self._settled()
             except KafkaError as exc:  # the next owner starts at the last commit, and decides the rest
                 log.error("the last batch before the rebalance was not committed: %s", exc)
+                self._distrust()
             log.info("rebalance: %d partitions revoked (%s)", len(revoked), _names(revoked))
 
     async def assigned(self, assigned: set[TopicPartition]) -> None:
@@ -603,8 +610,10 @@ class Worker:
         assert self.consumer is not None
         async with self.lock:
             self.revoking = set()
-            with contextlib.suppress(KafkaError):
+            try:
                 await self._settled()  # (revoked did it, unless this worker's first assignment)
+            except KafkaError:
+                self._distrust()
             started = time.monotonic()
             self.generation += 1
             gone = self.owned - assigned
@@ -619,7 +628,7 @@ class Worker:
             restore = set()
             for tp in assigned:
                 committed = await self.consumer.committed(tp)
-                if tp in self.owned and committed == self.next.get(tp):
+                if tp in self.owned and tp in self.next and committed == self.next[tp]:
                     # Held throughout, and nobody else committed anything on it: its state stands, and it
                     # goes on from the first input not decided here, whatever position the rebalance left
                     # (records fetched before it and left undecided, while it was being revoked, are not

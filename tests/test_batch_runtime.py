@@ -42,8 +42,9 @@ def test_a_table_writes_each_changed_key_once_to_the_partition_that_changed_it()
     table.partition = 0
     table[b"h\x00e3"] = b"row3"
     del table[b"g\x00e2"]  # deleted from partition 0's input: its tombstone goes there too
-    assert table.take_changes({2}) == [(2, b"g\x00e1", b"row1-again"), (2, b"g\x00e2", None)]
-    assert table.take_changes() == [(0, b"h\x00e3", b"row3"), (0, b"g\x00e2", None)]
+    topic = "app-waitedges-changelog"
+    assert table.take_changes({2}) == [(topic, 2, b"g\x00e1", b"row1-again"), (topic, 2, b"g\x00e2", None)]
+    assert table.take_changes() == [(topic, 0, b"h\x00e3", b"row3"), (topic, 0, b"g\x00e2", None)]
     assert table.take_changes() == []
 
 
@@ -65,16 +66,65 @@ def test_a_table_forgets_dropped_partitions_and_restores_from_records() -> None:
 def test_a_table_stores_objects_and_writes_their_changelog_form() -> None:
     from arbiter.streams.cores.leases import new_book
 
-    table = ChangelogTable(TABLES["books"], "app-leases-changelog")
+    table = ChangelogTable(TABLES["books"], "app-leases-changelog", "app-leaseids-changelog")
     table.partition = 0
     book = new_book("doc:1")
     table[b"doc:1"] = book
     assert table[b"doc:1"] is book
-    [(partition, key, value)] = table.take_changes()
-    assert (partition, key) == (0, b"doc:1")
+    [(topic, partition, key, value)] = table.take_changes()
+    assert (topic, partition, key) == ("app-leases-changelog", 0, b"doc:1")
     assert value is not None
     table.load(0, b"doc:2", value)
-    assert table[b"doc:2"].to_dict() == book.to_dict()
+    assert table[b"doc:2"].to_dict() | {"resource": "doc:1"} == book.to_dict()
+
+
+def _grant_and_release(book: object, n: int, agent: str = "a") -> None:
+    from arbiter.schemas import Cause, LockReleaseRequested, LockRequested
+    from arbiter.streams.cores.leases import LeaseBook, step
+
+    assert isinstance(book, LeaseBook)
+    at = 1_000 + 10 * n
+    cause = Cause(topic="cmds", partition=0, offset=n)
+    [granted] = step(book, LockRequested(request_id=f"acq-{n}", agent_id=agent, resource=book.resource,
+                                         mode="exclusive", ttl_ms=30_000, wait_ms=0, sent_at_ms=at), at, cause)
+    step(book, LockReleaseRequested(request_id=f"rel-{n}", agent_id=agent, resource=book.resource,
+                                    token=granted.token, sent_at_ms=at), at + 1, cause)  # type: ignore[attr-defined]
+
+
+def test_a_books_changelog_writes_what_a_decision_changed_whatever_the_resources_history() -> None:
+    """Each decision used to re-encode the whole book, its id memory included (up to 256 ids), so its
+    changelog cost grew with the resource's history: a quarter of a worker's CPU at 64 clients. Now it
+    writes the book's head and the id rows it changed, and the table restores the book from them."""
+    from arbiter.streams.cores.leases import new_book
+
+    table = ChangelogTable(TABLES["books"], "leases", "leaseids")
+    table.partition = 1
+    book = new_book("doc:busy")
+    log: dict[tuple[str, bytes], bytes | None] = {}  # the two changelogs, compacted
+    written: list[int] = []
+    for n in range(400):
+        _grant_and_release(book, n)
+        table[b"doc:busy"] = book
+        records = table.take_changes()
+        written.append(sum(len(key) + len(value or b"") for _topic, _p, key, value in records))
+        for topic, _partition, key, value in records:
+            log.pop((topic, key), None)
+            log[(topic, key)] = value
+    assert len(book.seen) == 256, "the memory is full: every decision now also forgets an id"
+    # Flat: past the 256th id each decision also tombstones the ids it forgets (a constant, not a history).
+    assert written[-1] <= 1.5 * written[5], f"a decision's changelog grew with history: {written[5]} -> {written[-1]}"
+    assert written[-1] <= written[300] * 1.05 and written[-1] < 600, written[-1]
+    restored = ChangelogTable(TABLES["books"], "leases", "leaseids")
+    for (topic, key), value in log.items():
+        if topic == "leases":
+            restored.load(1, key, value)
+    restored.load_rows(1, [(key, value) for (topic, key), value in log.items() if topic == "leaseids"])
+    assert restored[b"doc:busy"].to_dict() == book.to_dict()
+    assert list(restored[b"doc:busy"].seen) == list(book.seen)
+    # A book that goes takes its rows with it.
+    del table[b"doc:busy"]
+    gone = table.take_changes()
+    assert [v for _t, _p, _k, v in gone] == [None] * (1 + 256)
 
 
 # -- workers that come and go (real Kafka) -------------------------------------------------

@@ -199,6 +199,8 @@ class _Journal:
     inserted: set[IdKey] = field(default_factory=set)
     evicted: list[tuple[IdKey, int, bool]] = field(default_factory=list)
     """Ids forgotten, oldest first: (key, send time, whether it was its id's owner)."""
+    id_mark: int = -1
+    """The length of the book's ``id_log`` at ``begin`` (-1: not logged)."""
 
 
 @dataclass(slots=True)
@@ -229,6 +231,10 @@ class LeaseBook:
     """A heap of (wait deadline, seq, request id); entries of waiters gone are skipped lazily."""
     journal: _Journal | None = field(default=None, compare=False, repr=False)
     """While recording (``begin``): how to undo what changed since."""
+    id_log: list[IdKey] | None = field(default=None, compare=False, repr=False)
+    """The id memory's keys remembered or forgotten since the changelog last took them, in order (None:
+    not logged, so the changelog writes the whole memory once): a decision's changelog writes the ids
+    it changed, never the whole memory (``arbiter.streams.shells.resource.BOOK_ID_ROWS``)."""
 
     def index(self) -> LeaseBook:
         """Rebuild the derived indexes from ``queue``."""
@@ -245,6 +251,8 @@ class LeaseBook:
         memory), and its record costs what the changes cost: a book is never copied whole."""
         assert self.journal is None, "a book records one decision at a time"
         journal = self.journal = _Journal((self.last_token, self.clock_ms, self.seq, self.forgotten_sent_ms))
+        if self.id_log is not None:
+            journal.id_mark = len(self.id_log)
 
         def undo() -> None:
             for step in reversed(journal.steps):
@@ -260,6 +268,8 @@ class LeaseBook:
                         self.owners[request_id] = sender
             journal.steps.clear()
             journal.evicted.clear()
+            if self.id_log is not None and 0 <= journal.id_mark <= len(self.id_log):
+                del self.id_log[journal.id_mark:]  # the ids are as they were: nothing of this decision to write
 
         return undo
 
@@ -303,12 +313,12 @@ class LeaseBook:
         """No holders and no waiters (the token counter still matters)."""
         return not self.holders and not self.queue
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-friendly snapshot (the table's changelog format). An id memory row is
-        ``[request id, sent, sender]`` for the id's owner, with a fourth element ``1`` for another
-        sender's command that was refused with that id."""
-        owners = self.owners
-        return {
+    def to_dict(self, ids: bool = True) -> dict[str, Any]:
+        """A JSON-friendly snapshot (checkpoints; the changelog's form with ``ids=False``). An id memory
+        row is ``[request id, sent, sender]`` for the id's owner, with a fourth element ``1`` for another
+        sender's command that was refused with that id. Without ``ids`` the memory is left out (the
+        changelog keeps it in rows of its own) and ``"ids": "rows"`` says so."""
+        head: dict[str, Any] = {
             "resource": self.resource,
             "last_token": self.last_token,
             "clock_ms": self.clock_ms,
@@ -322,17 +332,22 @@ class LeaseBook:
                  w.saga_id, list(w.blockers)]
                 for w in self.queue
             ],
-            "seen": [[request_id, sent, sender] if owners.get(request_id) == sender else [request_id, sent, sender, 1]
-                     for (request_id, sender), sent in self.seen.items()],
             "forgotten_sent_ms": self.forgotten_sent_ms,
         }
+        if not ids:
+            head["ids"] = "rows"
+            return head
+        owners = self.owners
+        head["seen"] = [[request_id, sent, sender] if owners.get(request_id) == sender
+                        else [request_id, sent, sender, 1] for (request_id, sender), sent in self.seen.items()]
+        return head
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LeaseBook:
         """Inverse of ``to_dict``."""
         seen: dict[IdKey, int] = {}
         owners: dict[str, str] = {}
-        for row in data["seen"]:
+        for row in data.get("seen", ()):
             if isinstance(row, list):
                 seen[(row[0], row[2])] = row[1]
                 if len(row) == 3:
@@ -349,6 +364,8 @@ class LeaseBook:
             seen=seen,
             owners=owners,
             forgotten_sent_ms=data.get("forgotten_sent_ms"),
+            # Its ids come in rows of their own (and are logged from now on), or they came with it.
+            id_log=[] if data.get("ids") == "rows" else None,
         ).index()
 
 
@@ -502,6 +519,8 @@ def _remember(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
         return
     journal = book.journal
     seen[key] = sent
+    if book.id_log is not None:
+        book.id_log.append(key)
     fresh = request_id not in book.owners
     if fresh:
         book.owners[request_id] = sender
@@ -528,6 +547,8 @@ def _unremember(book: LeaseBook, key: IdKey, fresh: bool) -> None:
 def _forget(book: LeaseBook, key: IdKey) -> int:
     """Forget one remembered id (the oldest); its send time."""
     sent = book.seen.pop(key)
+    if book.id_log is not None:
+        book.id_log.append(key)
     owner = book.owners.get(key[0]) == key[1]
     if owner:
         del book.owners[key[0]]
@@ -964,4 +985,4 @@ def step(
 
 def new_book(resource: str) -> LeaseBook:
     """An empty book for ``resource``."""
-    return LeaseBook(resource)
+    return LeaseBook(resource, id_log=[])

@@ -15,7 +15,16 @@ from arbiter.edge.settings import Settings
 from arbiter.schemas import ToolIntent
 from arbiter.streams.cores.saga import Saga
 from arbiter.streams.shells import ToolRunner
-from arbiter.streams.shells.resource import book_from_bytes, book_to_bytes, content_from_bytes, content_to_bytes
+from arbiter.streams.shells.resource import (
+    book_attach_id_rows,
+    book_from_bytes,
+    book_head_to_bytes,
+    book_id_row_keys,
+    book_take_id_rows,
+    book_to_bytes,
+    content_from_bytes,
+    content_to_bytes,
+)
 
 
 def worker_id(settings: Settings) -> str:
@@ -63,6 +72,39 @@ def _same(data: bytes) -> bytes:
 
 
 @dataclass(frozen=True)
+class RowSpec:
+    """A part of a table's values that its changelog keeps in rows of their own, one per item, so a
+    change writes the items it changed instead of re-encoding the whole value (a lease book's id memory:
+    its cost grew with the resource's history). A row's changelog key is the value's key, length-prefixed,
+    then the item's key; rows are restored in log order."""
+
+    name: str
+    head: Callable[[Any], bytes]
+    """The value's changelog form without its rows (``TableSpec.loads`` reads it back)."""
+    take: Callable[[Any], list[tuple[bytes, bytes | None]]]
+    """The rows changed since last taken (item key, value or None: gone); all of them the first time."""
+    keys: Callable[[Any], list[bytes]]
+    """Every row key the value may have written (tombstoned when the value goes)."""
+    attach: Callable[[Any, list[tuple[bytes, bytes]]], None]
+    """Put restored rows, in log order, back into a restored value."""
+
+    def changelog(self, app_id: str) -> str:
+        """Its changelog topic."""
+        return f"{app_id}-{self.name}-changelog"
+
+    @staticmethod
+    def row_key(key: bytes, item: bytes) -> bytes:
+        """The changelog key of ``item`` of the value under ``key``."""
+        return len(key).to_bytes(2, "big") + key + item
+
+    @staticmethod
+    def split(row_key: bytes) -> tuple[bytes, bytes]:
+        """Inverse of ``row_key``."""
+        size = int.from_bytes(row_key[:2], "big")
+        return row_key[2:2 + size], row_key[2 + size:]
+
+
+@dataclass(frozen=True)
 class TableSpec:
     """One changelogged table: its name, the processor it belongs to (``shells.pipeline.processor_of``),
     its value codec."""
@@ -70,15 +112,24 @@ class TableSpec:
     name: str
     processor: str
     dumps: Callable[[Any], bytes]
+    """The whole value (checkpoints; the changelog too, unless ``rows``)."""
     loads: Callable[[bytes], Any]
+    rows: RowSpec | None = None
 
     def changelog(self, app_id: str) -> str:
-        """Its changelog topic: the name faust gives it, so either runtime reads the other's state."""
+        """Its changelog topic: the name faust gives it (the benchmarks' faust baseline writes whole values
+        there, rows included, and so reads the heads the worker writes but not its rows)."""
         return f"{app_id}-{self.name}-changelog"
+
+    def changelogs(self, app_id: str) -> list[str]:
+        """Every changelog topic it writes: its own, and its rows'."""
+        return [self.changelog(app_id), *([self.rows.changelog(app_id)] if self.rows else [])]
 
 
 TABLES: dict[str, TableSpec] = {
-    "books": TableSpec("leases", "resource", book_to_bytes, book_from_bytes),
+    "books": TableSpec("leases", "resource", book_to_bytes, book_from_bytes,
+                       RowSpec("leaseids", book_head_to_bytes, book_take_id_rows, book_id_row_keys,
+                               book_attach_id_rows)),
     "contents": TableSpec("contents", "resource", content_to_bytes, content_from_bytes),
     # One small changelog entry per edge (not the whole graph per write): the graph is
     # rebuilt in memory from the table after a rebalance.

@@ -86,27 +86,36 @@ class ChangelogTable(MutableMapping[bytes, Any]):
     """One table's values for the partitions this worker owns, and the keys a batch changed.
 
     Writes land in the partition ``partition`` names (the runtime sets it to the input's);
-    ``changes`` lists each changed (partition, key) once, for the changelog.
+    ``changes`` lists each changed (partition, key) once, for the changelog. A table whose spec has
+    ``rows`` writes a value's head to ``topic`` and the rows that changed to ``rows_topic``.
     """
 
-    def __init__(self, spec: TableSpec, topic: str) -> None:
+    def __init__(self, spec: TableSpec, topic: str, rows_topic: str | None = None) -> None:
         self.spec = spec
         self.topic = topic
+        self.rows_topic = rows_topic if spec.rows is not None else None
         self.data: dict[bytes, Any] = {}
         self.home: dict[bytes, int] = {}
         self.partition = -1
         self.changes: dict[tuple[int, bytes], None] = {}
+        self.gone: dict[tuple[int, bytes], list[bytes]] = {}
+        """Per (partition, key) deleted since the changelog was last taken: the rows to tombstone."""
 
     def __getitem__(self, key: bytes) -> Any:
         return self.data[key]
 
     def __setitem__(self, key: bytes, value: Any) -> None:
+        old = self.data.get(key)
+        if old is not None and old is not value and self.spec.rows is not None:
+            self.gone.setdefault((self.partition, key), []).extend(self.spec.rows.keys(old))
         self.data[key] = value
         self.home[key] = self.partition
         self.changes[(self.partition, key)] = None
 
     def __delitem__(self, key: bytes) -> None:
-        del self.data[key]
+        old = self.data.pop(key)
+        if self.spec.rows is not None:
+            self.gone.setdefault((self.partition, key), []).extend(self.spec.rows.keys(old))
         self.home.pop(key, None)
         self.changes[(self.partition, key)] = None
 
@@ -127,22 +136,45 @@ class ChangelogTable(MutableMapping[bytes, Any]):
             self.data[key] = self.spec.loads(value)
             self.home[key] = partition
 
+    def load_rows(self, partition: int, rows: list[tuple[bytes, bytes | None]]) -> None:
+        """Apply the rows changelog of ``partition`` (its last record per row key, in log order), after ``load``."""
+        spec = self.spec.rows
+        assert spec is not None
+        by_value: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        for row_key, value in rows:
+            if value is not None:
+                key, item = spec.split(row_key)
+                by_value.setdefault(key, []).append((item, value))
+        for key, items in by_value.items():
+            if self.home.get(key) == partition:  # (rows of a value gone are tombstoned with it)
+                spec.attach(self.data[key], items)
+
     def drop(self, partitions: set[int]) -> None:
         """Forget every key of ``partitions`` (no longer owned, or about to be restored)."""
         for key in [k for k, p in self.home.items() if p in partitions]:
             del self.data[key]
             del self.home[key]
         self.changes = {c: None for c in self.changes if c[0] not in partitions}
+        self.gone = {c: rows for c, rows in self.gone.items() if c[0] not in partitions}
 
-    def take_changes(self, partitions: set[int] | None = None) -> list[tuple[int, bytes, bytes | None]]:
-        """The changelog records for what changed (in ``partitions``, or all), forgetting them."""
-        out = []
+    def take_changes(self, partitions: set[int] | None = None) -> list[tuple[str, int, bytes, bytes | None]]:
+        """The changelog records (topic, partition, key, value or tombstone) for what changed (in
+        ``partitions``, or all), forgetting them."""
+        out: list[tuple[str, int, bytes, bytes | None]] = []
+        rows = self.spec.rows
         for partition, key in list(self.changes):
             if partitions is not None and partition not in partitions:
                 continue
             del self.changes[(partition, key)]
             value = self.data.get(key) if self.home.get(key) == partition else None
-            out.append((partition, key, None if value is None else self.spec.dumps(value)))
+            if rows is None or self.rows_topic is None:
+                out.append((self.topic, partition, key, None if value is None else self.spec.dumps(value)))
+                continue
+            out.append((self.topic, partition, key, None if value is None else rows.head(value)))
+            for item in self.gone.pop((partition, key), ()):
+                out.append((self.rows_topic, partition, rows.row_key(key, item), None))
+            if value is not None:
+                out.extend((self.rows_topic, partition, rows.row_key(key, item), row) for item, row in rows.take(value))
         return out
 
 
@@ -177,7 +209,7 @@ class Worker:
         self.registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
         self.gate = Gate(self.registry, enabled=settings.verify_signatures)
         self.feed = RegistryFeed(self.registry, settings)
-        self.tables = {name: ChangelogTable(spec, spec.changelog(settings.app_id)) for name, spec in TABLES.items()}
+        self.tables = {name: ChangelogTable(spec, *spec.changelogs(settings.app_id)) for name, spec in TABLES.items()}
         processors = processor_of(settings.topics)
         self.inputs = input_topics(settings.topics)
         self.tables_of = {topic: [t for t in self.tables.values() if t.spec.processor == processors[topic]]
@@ -302,7 +334,7 @@ class Worker:
         """Topics, registry, producers and the group membership: everything before the first batch."""
         settings = self.settings
         await ensure_topics(settings)
-        await ensure_changelogs(settings, [t.topic for t in self.tables.values()])
+        await ensure_changelogs(settings, [t for spec in TABLES.values() for t in spec.changelogs(settings.app_id)])
         await self.feed.start()
         mine = self.registry.entries.get(self.signer.key_id)
         if settings.verify_signatures and (mine is None or mine.role != ROLE_WORKER or mine.status != ACTIVE):
@@ -568,8 +600,8 @@ class Worker:
             batches.add(topic, partition_for(key, partitions), key, value, headers)
         for tp in tps:
             for table in self.tables_of[tp.topic]:
-                for partition, row, state in table.take_changes({tp.partition}):
-                    batches.add(table.topic, partition, row, state, [])
+                for topic, partition, row, state in table.take_changes({tp.partition}):
+                    batches.add(topic, partition, row, state, [])
         return await batches.send()
 
     async def _decide(self, message: ConsumerRecord) -> list[Output]:
@@ -678,9 +710,13 @@ class Worker:
         assert self.restorer is not None
         self._forget(tps)
         where: dict[TopicPartition, ChangelogTable] = {}
+        rows_of: set[TopicPartition] = set()
         for tp in tps:
             for table in self.tables_of[tp.topic]:
                 where[TopicPartition(table.topic, tp.partition)] = table
+                if table.rows_topic is not None:
+                    rows_of.add(ctp := TopicPartition(table.rows_topic, tp.partition))
+                    where[ctp] = table
         if not where:
             return 0
         restorer = self.restorer
@@ -698,6 +734,9 @@ class Worker:
             for ctp, records in batch.items():
                 for record in records:
                     if record.key is not None:
+                        # Moved to the end at each record: a key's place is that of its last record (rows
+                        # are restored in that order, the order their value keeps them in).
+                        latest.pop((ctp, record.key), None)
                         latest[(ctp, record.key)] = record.value
                 count += len(records)
             for ctp in list(remaining):
@@ -706,10 +745,17 @@ class Worker:
             if time.monotonic() - last_report > 5:
                 last_report = time.monotonic()
                 log.info("restoring state: %d changelog records read, %d partitions to go", count, len(remaining))
+        rows: dict[TopicPartition, list[tuple[bytes, bytes | None]]] = {ctp: [] for ctp in rows_of}
         for n, ((ctp, key), value) in enumerate(latest.items()):
-            where[ctp].load(ctp.partition, key, value)
+            if ctp in rows_of:
+                rows[ctp].append((key, value))
+            else:
+                where[ctp].load(ctp.partition, key, value)
             if n % 500 == 499:
                 await asyncio.sleep(0)  # a long restore must not starve the heartbeat (a 1.2 s session)
+        for ctp, items in rows.items():  # once every value they belong to is back
+            where[ctp].load_rows(ctp.partition, items)
+            await asyncio.sleep(0)
         # Paused, not unassigned: an idle assignment would be fetched from forever, and assign([])
         # makes aiokafka ask the broker for the metadata of every topic.
         restorer.pause(*where)

@@ -291,5 +291,54 @@ def book_to_bytes(book: LeaseBook) -> bytes:
 
 
 def book_from_bytes(data: bytes) -> LeaseBook:
-    """Inverse of ``book_to_bytes``."""
+    """Inverse of ``book_to_bytes`` (and of ``book_head_to_bytes``, its id memory to come from its rows)."""
     return LeaseBook.from_dict(json.loads(data))
+
+
+# The changelog keeps a book's id memory in rows of its own, one per remembered (request id, sender):
+# a decision writes the book's head (holders, queue, counters: live state) and the ids it remembered or
+# forgot, never the whole memory again (up to ``max_remembered_ids`` rows, re-encoded by every decision,
+# were a quarter of a worker's CPU). Restored, the rows go back in log order: the memory's own order.
+
+
+def book_head_to_bytes(book: LeaseBook) -> bytes:
+    """The changelog value of a book without its id memory."""
+    return json.dumps(book.to_dict(ids=False), separators=(",", ":")).encode()
+
+
+def _id_row(book: LeaseBook, key: tuple[str, str]) -> tuple[bytes, bytes | None]:
+    sent = book.seen.get(key)
+    row = json.dumps(list(key), separators=(",", ":")).encode()
+    if sent is None:
+        return row, None
+    return row, json.dumps([sent, 1 if book.owners.get(key[0]) == key[1] else 0]).encode()
+
+
+def book_take_id_rows(book: LeaseBook) -> list[tuple[bytes, bytes | None]]:
+    """The id rows changed since they were last taken, in the memory's order (a tombstone for an id
+    forgotten); every row the first time. The log of changes starts again empty."""
+    if book.id_log is None:
+        book.id_log = []
+        return [_id_row(book, key) for key in book.seen]
+    order: dict[tuple[str, str], None] = {}
+    for key in book.id_log:  # each at its last change: that is its place in the memory
+        order.pop(key, None)
+        order[key] = None
+    book.id_log.clear()
+    return [_id_row(book, key) for key in order]
+
+
+def book_id_row_keys(book: LeaseBook) -> list[bytes]:
+    """Every id row the book may have in the changelog (their tombstones when it goes)."""
+    keys = dict.fromkeys([*book.seen, *(book.id_log or ())])
+    return [json.dumps(list(key), separators=(",", ":")).encode() for key in keys]
+
+
+def book_attach_id_rows(book: LeaseBook, rows: list[tuple[bytes, bytes]]) -> None:
+    """Put a restored book's id memory back from its rows, in log order."""
+    for row, value in rows:
+        request_id, sender = json.loads(row)
+        sent, owner = json.loads(value)
+        book.seen[(request_id, sender)] = sent
+        if owner:
+            book.owners.setdefault(request_id, sender)

@@ -28,8 +28,10 @@ from arbiter.schemas import (
     WaitEdgeRemoved,
 )
 from arbiter.streams.cores.leases import LeaseBook, LeaseRules, LockEvent, decide, evolve, new_book, step
+from arbiter.streams.runtime.common import TABLES
 
 RES = "account:482"
+BOOKS = TABLES["books"]
 
 
 class Harness:
@@ -42,6 +44,8 @@ class Harness:
         self.offset = 0
         self.n = 0
         self.sent: list[Any] = []
+        self.head = b""
+        self.rows: dict[bytes, bytes | None] = {}
 
     def send(self, command: Any, now: int, *, as_sent: bool = False) -> list[LockEvent]:
         """Decide ``command`` at ``now``; a ``sent_at_ms`` of 0 means "sent now" unless ``as_sent``."""
@@ -68,7 +72,21 @@ class Harness:
         assert self.shadow.to_dict() == self.book.to_dict()
         assert_indexed(self.shadow)
         assert LeaseBook.from_dict(json.loads(json.dumps(self.book.to_dict()))).to_dict() == self.book.to_dict()
+        self._through_the_changelog()
         return events
+
+    def _through_the_changelog(self) -> None:
+        """What the worker's changelog writes of the decision (the head, the id rows it changed), applied to a
+        compacted copy of that changelog, restores the book as it is: its id memory in the same order."""
+        rows = BOOKS.rows
+        assert rows is not None
+        self.head = rows.head(self.shadow)
+        for item, value in rows.take(self.shadow):
+            self.rows.pop(item, None)  # compaction keeps a key's last record, at its place in the log
+            self.rows[item] = value
+        restored = BOOKS.loads(self.head)
+        rows.attach(restored, [(item, value) for item, value in self.rows.items() if value is not None])
+        assert restored.to_dict() == self.book.to_dict(), "the changelog does not restore the book"
 
     def rid(self) -> str:
         self.n += 1

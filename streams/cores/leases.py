@@ -56,8 +56,9 @@ import bisect
 import copy
 import functools
 import heapq
+import itertools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
@@ -191,7 +192,7 @@ IdKey = tuple[str, str]
 class _Journal:
     """How to put a book back as it was when ``LeaseBook.begin`` was called."""
 
-    scalars: tuple[int, int, int, int | None]
+    scalars: tuple[int, int, int, int | None, int]
     holders: dict[int, Lease] | None = None
     """The holders as they were, saved at their first change (a decision changes few of them)."""
     steps: list[Callable[[], None]] = field(default_factory=list)
@@ -199,8 +200,6 @@ class _Journal:
     inserted: set[IdKey] = field(default_factory=set)
     evicted: list[tuple[IdKey, int, bool]] = field(default_factory=list)
     """Ids forgotten, oldest first: (key, send time, whether it was its id's owner)."""
-    id_mark: int = -1
-    """The length of the book's ``id_log`` at ``begin`` (-1: not logged)."""
 
 
 @dataclass(slots=True)
@@ -231,10 +230,12 @@ class LeaseBook:
     """A heap of (wait deadline, seq, request id); entries of waiters gone are skipped lazily."""
     journal: _Journal | None = field(default=None, compare=False, repr=False)
     """While recording (``begin``): how to undo what changed since."""
-    id_log: list[IdKey] | None = field(default=None, compare=False, repr=False)
-    """The id memory's keys remembered or forgotten since the changelog last took them, in order (None:
-    not logged, so the changelog writes the whole memory once): a decision's changelog writes the ids
-    it changed, never the whole memory (``arbiter.streams.shells.resource.BOOK_ID_ROWS``)."""
+    id_next: int = field(default=0, compare=False)
+    """How many ids the memory ever remembered. ``seen`` is first in, first out (ids are forgotten
+    oldest first), so its ids are numbers ``id_next - len(seen)`` to ``id_next - 1``, in order: what lets
+    the changelog keep them in fixed chunks (``arbiter.streams.shells.resource.book_take_id_rows``)."""
+    taken: tuple[int, int] | None = field(default=None, compare=False, repr=False)
+    """(``id_next``, the oldest id's number) when the changelog last wrote the book (None: unknown)."""
 
     def index(self) -> LeaseBook:
         """Rebuild the derived indexes from ``queue``."""
@@ -250,16 +251,15 @@ class LeaseBook:
         The undo is exact (the same holders in the same order, the same queue, edges and id
         memory), and its record costs what the changes cost: a book is never copied whole."""
         assert self.journal is None, "a book records one decision at a time"
-        journal = self.journal = _Journal((self.last_token, self.clock_ms, self.seq, self.forgotten_sent_ms))
-        if self.id_log is not None:
-            journal.id_mark = len(self.id_log)
+        journal = self.journal = _Journal((self.last_token, self.clock_ms, self.seq, self.forgotten_sent_ms,
+                                           self.id_next))
 
         def undo() -> None:
             for step in reversed(journal.steps):
                 step()
             if journal.holders is not None:
                 self.holders = journal.holders
-            self.last_token, self.clock_ms, self.seq, self.forgotten_sent_ms = journal.scalars
+            self.last_token, self.clock_ms, self.seq, self.forgotten_sent_ms, self.id_next = journal.scalars
             if journal.evicted:
                 back = [(key, sent, owner) for key, sent, owner in journal.evicted if key not in journal.inserted]
                 self.seen = {**{key: sent for key, sent, _owner in back}, **self.seen}
@@ -268,8 +268,6 @@ class LeaseBook:
                         self.owners[request_id] = sender
             journal.steps.clear()
             journal.evicted.clear()
-            if self.id_log is not None and 0 <= journal.id_mark <= len(self.id_log):
-                del self.id_log[journal.id_mark:]  # the ids are as they were: nothing of this decision to write
 
         return undo
 
@@ -307,17 +305,18 @@ class LeaseBook:
         """An independent copy (leases are immutable and shared; waiters are copied)."""
         return LeaseBook(self.resource, self.last_token, self.clock_ms, self.seq, dict(self.holders),
                          [copy.copy(w) for w in self.queue], dict(self.seen), dict(self.owners),
-                         self.forgotten_sent_ms).index()
+                         self.forgotten_sent_ms, id_next=self.id_next).index()
 
     def is_idle(self) -> bool:
         """No holders and no waiters (the token counter still matters)."""
         return not self.holders and not self.queue
 
-    def to_dict(self, ids: bool = True) -> dict[str, Any]:
-        """A JSON-friendly snapshot (checkpoints; the changelog's form with ``ids=False``). An id memory
-        row is ``[request id, sent, sender]`` for the id's owner, with a fourth element ``1`` for another
-        sender's command that was refused with that id. Without ``ids`` the memory is left out (the
-        changelog keeps it in rows of its own) and ``"ids": "rows"`` says so."""
+    def to_dict(self, tail: int | None = None) -> dict[str, Any]:
+        """A JSON-friendly snapshot (checkpoints; the changelog's form with ``tail``). An id memory row
+        is ``[request id, sent, sender]`` for the id's owner, with a fourth element ``1`` for another
+        sender's command that was refused with that id. With ``tail``, only the newest ``tail`` ids are
+        in it (``ids``: the changelog keeps the others in chunks of their own), with how many ids were
+        ever remembered and how many are remembered now."""
         head: dict[str, Any] = {
             "resource": self.resource,
             "last_token": self.last_token,
@@ -334,25 +333,32 @@ class LeaseBook:
             ],
             "forgotten_sent_ms": self.forgotten_sent_ms,
         }
-        if not ids:
-            head["ids"] = "rows"
+        if tail is not None:
+            newest = list(itertools.islice(reversed(self.seen.items()), tail))[::-1] if tail else []
+            head["ids"] = {"next": self.id_next, "live": len(self.seen), "tail": self.id_rows(newest)}
             return head
-        owners = self.owners
-        head["seen"] = [[request_id, sent, sender] if owners.get(request_id) == sender
-                        else [request_id, sent, sender, 1] for (request_id, sender), sent in self.seen.items()]
+        head["seen"] = self.id_rows(self.seen.items())
         return head
+
+    def id_rows(self, ids: Iterable[tuple[IdKey, int]]) -> list[list[Any]]:
+        """The id memory rows (``to_dict``) of ``ids`` ((request id, sender), sent)."""
+        owners = self.owners
+        return [[request_id, sent, sender] if owners.get(request_id) == sender else [request_id, sent, sender, 1]
+                for (request_id, sender), sent in ids]
+
+    def add_id_rows(self, rows: Iterable[list[Any]]) -> None:
+        """Remember the ids of ``rows`` (``id_rows``), after those remembered already."""
+        for row in rows:
+            if isinstance(row, list):
+                self.seen[(row[0], row[2])] = row[1]
+                if len(row) == 3:
+                    self.owners.setdefault(row[0], row[2])
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LeaseBook:
         """Inverse of ``to_dict``."""
-        seen: dict[IdKey, int] = {}
-        owners: dict[str, str] = {}
-        for row in data.get("seen", ()):
-            if isinstance(row, list):
-                seen[(row[0], row[2])] = row[1]
-                if len(row) == 3:
-                    owners.setdefault(row[0], row[2])
-        return cls(
+        ids = data.get("ids")
+        book = cls(
             resource=data["resource"],
             last_token=data["last_token"],
             clock_ms=data["clock_ms"],
@@ -361,12 +367,16 @@ class LeaseBook:
             queue=[
                 Waiter(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], tuple(w[9])) for w in data["queue"]
             ],
-            seen=seen,
-            owners=owners,
             forgotten_sent_ms=data.get("forgotten_sent_ms"),
-            # Its ids come in rows of their own (and are logged from now on), or they came with it.
-            id_log=[] if data.get("ids") == "rows" else None,
-        ).index()
+        )
+        if isinstance(ids, dict):  # the changelog's head: the newest ids; the older come in chunks (``taken``)
+            book.add_id_rows(ids["tail"])
+            book.id_next = ids["next"]
+            book.taken = (ids["next"], ids["next"] - ids["live"])
+        else:
+            book.add_id_rows(data.get("seen", ()))
+            book.id_next = len(book.seen)
+        return book.index()
 
 
 # -- evolve -----------------------------------------------------------------------
@@ -519,8 +529,7 @@ def _remember(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
         return
     journal = book.journal
     seen[key] = sent
-    if book.id_log is not None:
-        book.id_log.append(key)
+    book.id_next += 1
     fresh = request_id not in book.owners
     if fresh:
         book.owners[request_id] = sender
@@ -547,8 +556,6 @@ def _unremember(book: LeaseBook, key: IdKey, fresh: bool) -> None:
 def _forget(book: LeaseBook, key: IdKey) -> int:
     """Forget one remembered id (the oldest); its send time."""
     sent = book.seen.pop(key)
-    if book.id_log is not None:
-        book.id_log.append(key)
     owner = book.owners.get(key[0]) == key[1]
     if owner:
         del book.owners[key[0]]
@@ -985,4 +992,4 @@ def step(
 
 def new_book(resource: str) -> LeaseBook:
     """An empty book for ``resource``."""
-    return LeaseBook(resource, id_log=[])
+    return LeaseBook(resource, taken=(0, 0))

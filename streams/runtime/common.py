@@ -73,20 +73,20 @@ def _same(data: bytes) -> bytes:
 
 @dataclass(frozen=True)
 class RowSpec:
-    """A part of a table's values that its changelog keeps in rows of their own, one per item, so a
-    change writes the items it changed instead of re-encoding the whole value (a lease book's id memory:
-    its cost grew with the resource's history). A row's changelog key is the value's key, length-prefixed,
-    then the item's key; rows are restored in log order."""
+    """A part of a table's values that its changelog keeps in rows of their own, so a change writes
+    what it changed instead of re-encoding the whole value (a lease book's id memory, in chunks: its cost
+    grew with the resource's history). A row's changelog key is the value's key, length-prefixed, then
+    the row's own key."""
 
     name: str
     head: Callable[[Any], bytes]
     """The value's changelog form without its rows (``TableSpec.loads`` reads it back)."""
     take: Callable[[Any], list[tuple[bytes, bytes | None]]]
-    """The rows changed since last taken (item key, value or None: gone); all of them the first time."""
+    """The rows to write since the value was last written (row key, value or None: gone)."""
     keys: Callable[[Any], list[bytes]]
     """Every row key the value may have written (tombstoned when the value goes)."""
     attach: Callable[[Any, list[tuple[bytes, bytes]]], None]
-    """Put restored rows, in log order, back into a restored value."""
+    """Put restored rows back into a restored value (read from ``head``)."""
 
     def changelog(self, app_id: str) -> str:
         """Its changelog topic."""

@@ -137,7 +137,7 @@ class ChangelogTable(MutableMapping[bytes, Any]):
             self.home[key] = partition
 
     def load_rows(self, partition: int, rows: list[tuple[bytes, bytes | None]]) -> None:
-        """Apply the rows changelog of ``partition`` (its last record per row key, in log order), after ``load``."""
+        """Apply the rows changelog of ``partition`` (its last record per row key), after ``load``."""
         spec = self.spec.rows
         assert spec is not None
         by_value: dict[bytes, list[tuple[bytes, bytes]]] = {}
@@ -734,9 +734,6 @@ class Worker:
             for ctp, records in batch.items():
                 for record in records:
                     if record.key is not None:
-                        # Moved to the end at each record: a key's place is that of its last record (rows
-                        # are restored in that order, the order their value keeps them in).
-                        latest.pop((ctp, record.key), None)
                         latest[(ctp, record.key)] = record.value
                 count += len(records)
             for ctp in list(remaining):

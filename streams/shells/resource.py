@@ -28,6 +28,7 @@ tick must touch without scanning the table; it is rebuilt from the table once pe
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 from collections.abc import Callable, Iterable, MutableMapping
 from dataclasses import dataclass, field
@@ -295,50 +296,62 @@ def book_from_bytes(data: bytes) -> LeaseBook:
     return LeaseBook.from_dict(json.loads(data))
 
 
-# The changelog keeps a book's id memory in rows of its own, one per remembered (request id, sender):
-# a decision writes the book's head (holders, queue, counters: live state) and the ids it remembered or
-# forgot, never the whole memory again (up to ``max_remembered_ids`` rows, re-encoded by every decision,
-# were a quarter of a worker's CPU). Restored, the rows go back in log order: the memory's own order.
+# The changelog keeps a book's id memory apart from its live state. The memory is first in, first out,
+# so its ids are numbered in order (``LeaseBook.id_next``): the newest ones, fewer than ``ID_CHUNK``, ride
+# in the book's own record; each full run of ``ID_CHUNK`` numbers is a row of its own, written once when
+# it fills and tombstoned once all its ids are forgotten. A decision writes the book's record and, one
+# time in ``ID_CHUNK``, a chunk: never the whole memory again (up to ``max_remembered_ids`` ids
+# re-encoded by every decision were a quarter of a worker's CPU), and an uncontended grant stays at
+# four messages. Restored, the chunks' live ids go first, in number order, then the record's.
+
+ID_CHUNK = 16
+"""Ids per changelog chunk row (the book's own record holds fewer than this many)."""
 
 
 def book_head_to_bytes(book: LeaseBook) -> bytes:
-    """The changelog value of a book without its id memory."""
-    return json.dumps(book.to_dict(ids=False), separators=(",", ":")).encode()
+    """The changelog value of a book: its live state and its newest ids (``book_take_id_rows``)."""
+    tail = book.id_next % ID_CHUNK
+    return json.dumps(book.to_dict(tail=min(tail, len(book.seen))), separators=(",", ":")).encode()
 
 
-def _id_row(book: LeaseBook, key: tuple[str, str]) -> tuple[bytes, bytes | None]:
-    sent = book.seen.get(key)
-    row = json.dumps(list(key), separators=(",", ":")).encode()
-    if sent is None:
-        return row, None
-    return row, json.dumps([sent, 1 if book.owners.get(key[0]) == key[1] else 0]).encode()
+def _chunk_key(chunk: int) -> bytes:
+    return chunk.to_bytes(8, "big")
 
 
 def book_take_id_rows(book: LeaseBook) -> list[tuple[bytes, bytes | None]]:
-    """The id rows changed since they were last taken, in the memory's order (a tombstone for an id
-    forgotten); every row the first time. The log of changes starts again empty."""
-    if book.id_log is None:
-        book.id_log = []
-        return [_id_row(book, key) for key in book.seen]
-    order: dict[tuple[str, str], None] = {}
-    for key in book.id_log:  # each at its last change: that is its place in the memory
-        order.pop(key, None)
-        order[key] = None
-    book.id_log.clear()
-    return [_id_row(book, key) for key in order]
+    """The chunk rows the book's changelog needs since it was last written: the chunks filled since
+    (with their ids still remembered), and tombstones for those whose ids are all forgotten since."""
+    next_id, first = book.id_next, book.id_next - len(book.seen)
+    was_next, was_first = book.taken if book.taken is not None else (first, first)
+    book.taken = (next_id, first)
+    out: list[tuple[bytes, bytes | None]] = [
+        (_chunk_key(chunk), None) for chunk in range(was_first // ID_CHUNK, first // ID_CHUNK)]
+    filled = range(max(was_next // ID_CHUNK, first // ID_CHUNK), next_id // ID_CHUNK)
+    for chunk in filled:
+        start = max(chunk * ID_CHUNK, first)
+        ids = itertools.islice(book.seen.items(), start - first, (chunk + 1) * ID_CHUNK - first)
+        out.append((_chunk_key(chunk), json.dumps({"from": start, "ids": book.id_rows(ids)},
+                                                  separators=(",", ":")).encode()))
+    return out
 
 
 def book_id_row_keys(book: LeaseBook) -> list[bytes]:
-    """Every id row the book may have in the changelog (their tombstones when it goes)."""
-    keys = dict.fromkeys([*book.seen, *(book.id_log or ())])
-    return [json.dumps(list(key), separators=(",", ":")).encode() for key in keys]
+    """Every chunk row the book may have in the changelog (their tombstones when it goes)."""
+    first = book.id_next - len(book.seen)
+    if book.taken is not None:
+        first = min(first, book.taken[1])
+    return [_chunk_key(chunk) for chunk in range(first // ID_CHUNK, book.id_next // ID_CHUNK + 1)]
 
 
 def book_attach_id_rows(book: LeaseBook, rows: list[tuple[bytes, bytes]]) -> None:
-    """Put a restored book's id memory back from its rows, in log order."""
-    for row, value in rows:
-        request_id, sender = json.loads(row)
-        sent, owner = json.loads(value)
-        book.seen[(request_id, sender)] = sent
-        if owner:
-            book.owners.setdefault(request_id, sender)
+    """Put a restored book's older ids back from its chunk rows, before the newest (its record's)."""
+    if book.taken is None:
+        return  # a book written whole (before chunks): its record held every id
+    first, boundary = book.taken[1], book.id_next - book.id_next % ID_CHUNK
+    newest, book.seen = book.seen, {}
+    for _key, value in sorted(rows):
+        chunk = json.loads(value)
+        start = chunk["from"]
+        live = [row for n, row in enumerate(chunk["ids"], start) if first <= n < boundary]
+        book.add_id_rows(live)
+    book.seen.update(newest)

@@ -87,6 +87,8 @@ class Harness:
         restored = BOOKS.loads(self.head)
         rows.attach(restored, [(item, value) for item, value in self.rows.items() if value is not None])
         assert restored.to_dict() == self.book.to_dict(), "the changelog does not restore the book"
+        assert restored.id_next == self.shadow.id_next
+
 
     def rid(self) -> str:
         self.n += 1
@@ -452,3 +454,18 @@ def test_a_live_waiters_request_sent_again_is_a_repeat_even_after_its_id_is_forg
     h.acquire("y", 30)
     assert not [k for k in h.book.seen if k[1] == "waiter"]
     assert h.send(queued, 40, as_sent=True) == [], "a waiter's own request, redelivered, was decided again"
+
+
+def test_a_book_with_a_long_history_comes_back_from_its_changelog_as_it_was() -> None:
+    """Hundreds of ids through a memory of 40 (chunks filled, forgotten, tombstoned), each decision
+    restored through the changelog (``Harness._through_the_changelog``), refusals and hand-offs included."""
+    h = Harness(LeaseRules(max_remembered_ids=40))
+    now = 0
+    for _ in range(150):
+        now += 10
+        [granted] = h.acquire("a", now)
+        h.acquire("b", now + 1, wait=60_000)
+        h.release("a", granted.token, now + 2)  # hands off to b
+        h.acquire("a", now + 3)  # busy: refused, remembered too
+        h.release("b", granted.token + 1, now + 4)
+    assert len(h.book.seen) == 40 and h.book.id_next > 600

@@ -133,6 +133,7 @@ class ArbiterClient:
         self._sagas: dict[str, Saga] = {}
         self._saga_ends: dict[str, asyncio.Future[Record]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
 
     @property
     def forged_messages(self) -> int:
@@ -156,9 +157,11 @@ class ArbiterClient:
         if isinstance(transport, HttpTransport) and not transport.api_key and self.settings.auto_enroll:
             transport.api_key = (await ensure_credential(self.settings, self.agent_id)).api_key()
         await self._transport.start()
+        self._closed = False
 
     async def close(self) -> None:
-        """Stop reading and disconnect. Held leases are left to expire."""
+        """Stop reading and disconnect. Held leases are left to expire, and so are requests still queued."""
+        self._closed = True
         self._routes.clear()
         await self._transport.close()
 
@@ -309,7 +312,7 @@ class ArbiterClient:
 
     async def _withdraw(self, pending: PendingAcquire, resource: str) -> None:
         """The caller stopped waiting (timed out, cancelled): withdraw the request; a late grant is given back."""
-        if pending.withdraw():
+        if pending.withdraw() and not self._closed:  # (closed: nothing to send with; its wait runs out)
             with contextlib.suppress(ArbiterError):  # (not reachable: the worker's expiry ends it anyway)
                 await asyncio.shield(self._send(resource, LockCancelRequested(
                     request_id=_new_id(), agent_id=self.agent_id, resource=resource,

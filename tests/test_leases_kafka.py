@@ -76,6 +76,24 @@ async def test_context_manager_renews_in_the_background(kafka_settings: Settings
         assert again.token > lease.token
 
 
+async def test_an_acquire_cancelled_after_its_client_closed_ends_cancelled(kafka_settings: Settings,
+                                                                           worker: WorkerPool) -> None:
+    """A waiting acquire whose client is closed under it, then cancelled (a program shutting down), ends
+    with its CancelledError: it used to try to withdraw through the closed client and raise RuntimeError
+    instead ("Task exception was never retrieved" at exit)."""
+    async with ArbiterClient("closing-holder", kafka_settings) as holder, \
+            ArbiterClient("closing-waiter", kafka_settings) as waiter:
+        await holder.acquire("doc:closing", ttl=30)
+        queued = asyncio.Event()
+        waiting = asyncio.create_task(waiter.acquire("doc:closing", ttl=30, wait=60,
+                                                     on_queued=lambda _event: queued.set()))
+        await asyncio.wait_for(queued.wait(), 30)
+        await waiter.close()
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+
+
 async def test_revocation_reaches_the_holder_at_once(kafka_settings: Settings, worker: WorkerPool) -> None:
     async with ArbiterClient("victim", kafka_settings) as victim, victim.lease("ticket:cust_8492", ttl=30) as lease:
         # An operator's override: signed with the admin key, with a reason.

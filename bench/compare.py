@@ -50,6 +50,7 @@ from types import FrameType
 from .compare_servers import Server, broker_pid, cpu_seconds, start_etcd, start_redis, start_zookeeper, worker_pids
 from .compare_sides import ArbiterSide, EtcdSide, Held, Locker, RedisSide, Side, ZooKeeperSide
 from .env import bench_arbiter
+from .runtime import floor_samples
 
 HOLD_S = 0.010  # how long a hand-off holder keeps the lock
 WAITERS = 8
@@ -261,13 +262,25 @@ def subtract_background(arbiter: str, results: list[tuple[str, Result]]) -> floa
     return rate
 
 
-async def measure(sides: list[Side], sizes: Sizes, reps: int, say: Callable[[str], None]) -> Runs:
+FLOOR = "floor"
+"""The floor row's workload name: one acknowledged acks=all produce on Arbiter's broker, no Arbiter."""
+
+
+async def measure(sides: list[Side], sizes: Sizes, reps: int, say: Callable[[str], None],
+                  floor: Callable[[int], Awaitable[list[float]]] | None = None) -> Runs:
+    """Every workload on every side, ``reps`` times interleaved; with ``floor`` (ms per sample, as many
+    samples as the uncontended workload takes), the floor too, in each repetition."""
     runs = Runs()
     # Warm up each side (JIT, connections, caches, the worker's first books) before anything counts.
     for side in sides:
         await uncontended(side, Sizes(20, 0, 0, 0, 0), f"warm-{uuid.uuid4().hex[:6]}")
     for rep in range(1, reps + 1):
         this_rep: list[tuple[str, Result]] = []
+        if floor is not None:
+            samples = await floor(sizes.uncontended)
+            runs.add(FLOOR, sides[0].title, Result(_quantile(samples, 50), _quantile(samples, 99), n=len(samples)))
+            say(f"rep {rep}/{reps} {FLOOR:11s} one acknowledged produce (acks=all): p50 {_quantile(samples, 50):.2f} "
+                f"ms p99 {_quantile(samples, 99):.2f} ms (n={len(samples)})")
         for workload, run in WORKLOADS:
             for side in sides:
                 tag = f"{rep}-{uuid.uuid4().hex[:6]}"
@@ -306,6 +319,7 @@ def _rate(value: float | None) -> str:
 def table(runs: Runs, titles: list[str], sizes: Sizes, reps: int) -> str:
     base = titles[0]
     rows: list[tuple[str, str, str, Callable[[float | None], str]]] = [
+        (f"0. floor: one acknowledged produce (acks=all) on {base}'s broker, p50", FLOOR, "p50_ms", _ms),
         (f"1. uncontended acquire p50 (n={sizes.uncontended})", "uncontended", "p50_ms", _ms),
         ("   uncontended acquire p99", "uncontended", "p99_ms", _ms),
         ("   CPU s: servers / client", "uncontended", "cpu", _ms),
@@ -332,6 +346,8 @@ def table(runs: Runs, titles: list[str], sizes: Sizes, reps: int) -> str:
                     cell += f" (raw {raw:.2f})"
                 if title != base:
                     cell += _ratio(server, runs.median(workload, base, "server_cpu")).replace(")", " servers)")
+            elif workload == FLOOR:
+                cell = fmt(runs.median(workload, title, attribute)) if title == base else ""
             else:
                 value = runs.median(workload, title, attribute)
                 cell = fmt(value) + ("" if title == base else _ratio(value, runs.median(workload, base, attribute)))
@@ -349,8 +365,10 @@ ran (BACKGROUND CPU s/s, median of the repetitions) is taken off Arbiter's, time
 "raw" is before that. Arbiter runs one worker (all partitions); each system one server process.
 A client CPU close to the workload's length (the "in N s" of the lines above the table) means the
 client process, not the server, set the pace: kazoo's two threads per session do that in 3 and 4 here.
+The floor (row 0) is one record produced with acks=all on Arbiter's broker until acknowledged, no
+Arbiter: the least one durable write costs here (a grant on the topics is two hops, each more than that).
 Clients: Arbiter's SDK (each command and inbox message signed and verified); etcd's own lock
-service (v3lock, as `etcdctl lock`) over its JSON gateway with aiohttp, one session lease per client;
+service (v3lock, as `etcdctl lock`) over native gRPC (grpcio), one channel and session lease per client;
 kazoo's Lock recipe (kazoo blocks, so its calls run on threads); redis-py's asyncio Lock with its
 defaults (a blocked acquire polls every 0.1 s, so a hand-off waits for a poll). Burst concurrency:
 Arbiter all at once over one producer, etcd and Redis 256 connections, kazoo 64 threads on one session.
@@ -408,7 +426,11 @@ async def _run(servers: dict[str, Server], sizes: Sizes, reps: int) -> tuple[Run
         _say(f"Arbiter: broker pid {broker}, worker pid(s) {workers}; " + ", ".join(
             f"{s.name} pid {s.pid} port {s.port}" for s in servers.values()))
         try:
-            runs = await measure(sides, sizes, reps, _say)
+            async def floor(count: int) -> list[float]:
+                acked, _seen = await floor_samples(settings, count)
+                return acked
+
+            runs = await measure(sides, sizes, reps, _say, floor)
         finally:
             zookeeper.shutdown()
         for server in servers.values():

@@ -13,6 +13,7 @@ hand-off with 1, 4 and 16 waiters queued, by topic (changelogs included).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import time
@@ -67,7 +68,7 @@ async def side_by_side(burst: int, count: int, reps: int) -> None:
 
 async def _offsets(settings: Settings, consumer: AIOKafkaConsumer) -> dict[str, int]:
     """The end offset of every topic (summed over partitions), changelogs included."""
-    names = [*settings.topics.all(), *(spec.changelog(settings.app_id) for spec in TABLES.values())]
+    names = [*settings.topics.all(), *(name for spec in TABLES.values() for name in spec.changelogs(settings.app_id))]
     tps = [TopicPartition(name, p) for name in names for p in range(settings.partitions)]
     ends = await consumer.end_offsets(tps)
     out: dict[str, int] = defaultdict(int)
@@ -158,24 +159,21 @@ async def scaling(burst: int) -> None:
               f"{', '.join(f'{r:,.0f}' for r in rates)} grants/s ({_load()})")
 
 
-async def kafka_floor(count: int) -> None:
-    """The least a Kafka hop costs here, without Arbiter: produce one record (acks=all) and wait
-    until a consumer parked on the partition has it. A grant is two such hops."""
-    settings = load_settings()
+async def floor_samples(settings: Settings, count: int, pause: float = 0.01) -> tuple[list[float], list[float]]:
+    """The least a Kafka hop costs here, without Arbiter, in ms per sample: one record produced
+    (acks=all) until acknowledged, and until a consumer parked on the partition has it. On a topic of
+    its own, deleted at the end."""
     topic = f"bench-floor-{time.time_ns()}"
     admin = AIOKafkaAdminClient(bootstrap_servers=settings.bootstrap, **kafka_client_options(settings))
     await admin.start()
-    try:
-        await admin.create_topics([NewTopic(topic, 1, 1)])
-    finally:
-        await admin.close()
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all", linger_ms=0,
                                 **kafka_client_options(settings))
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
                                 fetch_max_wait_ms=settings.fetch_max_wait_ms, **kafka_client_options(settings))
-    await producer.start()
-    await consumer.start()
     try:
+        await admin.create_topics([NewTopic(topic, 1, settings.replication_factor)])
+        await producer.start()
+        await consumer.start()
         tp = TopicPartition(topic, 0)
         consumer.assign([tp])
         await consumer.seek_to_end(tp)
@@ -183,15 +181,24 @@ async def kafka_floor(count: int) -> None:
         acked, seen = [], []
         for _ in range(count):
             started = time.perf_counter()
-            await producer.send_and_wait(topic, b"x", partition=0)
+            await producer.send_and_wait(topic, b"x" * 200, partition=0)
             acked.append((time.perf_counter() - started) * 1000)
             while not await consumer.getmany(tp, timeout_ms=1000):
                 pass
             seen.append((time.perf_counter() - started) * 1000)
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(pause)
     finally:
         await producer.stop()
         await consumer.stop()
+        with contextlib.suppress(Exception):
+            await admin.delete_topics([topic])
+        await admin.close()
+    return acked, seen
+
+
+async def kafka_floor(count: int) -> None:
+    """The least a Kafka hop costs here, without Arbiter. A grant is two such hops."""
+    acked, seen = await floor_samples(load_settings(), count)
     print(f"kafka floor, one hop without Arbiter (n={count}): produced and acknowledged p50 "
           f"{statistics.median(acked):.2f} ms; produced until consumed p50 {statistics.median(seen):.2f} ms, "
           f"p99 {statistics.quantiles(seen, n=100, method='inclusive')[98]:.2f} ms")

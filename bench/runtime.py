@@ -68,7 +68,7 @@ async def side_by_side(burst: int, count: int, reps: int) -> None:
 
 async def _offsets(settings: Settings, consumer: AIOKafkaConsumer) -> dict[str, int]:
     """The end offset of every topic (summed over partitions), changelogs included."""
-    names = [*settings.topics.all(), *(name for spec in TABLES.values() for name in spec.changelogs(settings.app_id))]
+    names = [*settings.topics.all(), *(spec.changelog(settings.app_id) for spec in TABLES.values())]
     tps = [TopicPartition(name, p) for name in names for p in range(settings.partitions)]
     ends = await consumer.end_offsets(tps)
     out: dict[str, int] = defaultdict(int)

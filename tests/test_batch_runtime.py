@@ -66,7 +66,7 @@ def test_a_table_forgets_dropped_partitions_and_restores_from_records() -> None:
 def test_a_table_stores_objects_and_writes_their_changelog_form() -> None:
     from arbiter.streams.cores.leases import new_book
 
-    table = ChangelogTable(TABLES["books"], "app-leases-changelog", "app-leaseids-changelog")
+    table = ChangelogTable(TABLES["books"], "app-leases-changelog")
     table.partition = 0
     book = new_book("doc:1")
     table[b"doc:1"] = book
@@ -98,10 +98,12 @@ def test_a_books_changelog_writes_what_a_decision_changed_whatever_the_resources
     table restores the book from them."""
     from arbiter.streams.cores.leases import new_book
 
-    table = ChangelogTable(TABLES["books"], "leases", "leaseids")
+    table = ChangelogTable(TABLES["books"], "leases")
     table.partition = 1
+    rows = TABLES["books"].rows
+    assert rows is not None
     book = new_book("doc:busy")
-    log: dict[tuple[str, bytes], bytes | None] = {}  # the two changelogs, compacted
+    log: dict[bytes, bytes | None] = {}  # the changelog partition, compacted
     written: list[int] = []
     per_decision: list[list[tuple[str, int, bytes, bytes | None]]] = []
     for n in range(400):
@@ -110,19 +112,22 @@ def test_a_books_changelog_writes_what_a_decision_changed_whatever_the_resources
         records = table.take_changes()
         per_decision.append(records)
         written.append(sum(len(key) + len(value or b"") for _topic, _p, key, value in records))
-        for topic, _partition, key, value in records:
-            log.pop((topic, key), None)
-            log[(topic, key)] = value
+        # A chunk of ids before the record that counts on it, a tombstone after the record that no longer does.
+        kinds = ["row" if not rows.is_row(key) else "chunk" if value else "tombstone" for _t, _p, key, value in records]
+        assert kinds == sorted(kinds, key=["chunk", "row", "tombstone"].index) and kinds.count("row") == 1, kinds
+        for _topic, _partition, key, value in records:
+            log.pop(key, None)
+            log[key] = value
     assert len(book.seen) == 256, "the memory is full: every decision now also forgets an id"
     # Flat: the same over 32 decisions early and late (the whole book, re-encoded, was ~10 KB each by then).
     early, late = sum(written[40:72]) / 32, sum(written[-32:]) / 32
     assert late <= 1.15 * early, f"a decision's changelog grew with history: {early:.0f} -> {late:.0f} bytes"
     assert max(written) < 2_000, max(written)
-    restored = ChangelogTable(TABLES["books"], "leases", "leaseids")
-    for (topic, key), value in log.items():
-        if topic == "leases":
+    restored = ChangelogTable(TABLES["books"], "leases")
+    for key, value in log.items():
+        if not rows.is_row(key):
             restored.load(1, key, value)
-    restored.load_rows(1, [(key, value) for (topic, key), value in log.items() if topic == "leaseids"])
+    restored.load_rows(1, [(key, value) for key, value in log.items() if rows.is_row(key)])
     assert restored[b"doc:busy"].to_dict() == book.to_dict()
     assert list(restored[b"doc:busy"].seen) == list(book.seen)
     # A book that goes takes its rows with it.

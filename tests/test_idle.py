@@ -28,7 +28,7 @@ IDLE_S = 60.0
 
 async def _written(settings: Settings) -> int:
     """Every record ever written to the run's topics and changelogs (the sum of their end offsets)."""
-    names = [*settings.topics.all(), *(name for spec in TABLES.values() for name in spec.changelogs(settings.app_id))]
+    names = [*settings.topics.all(), *(spec.changelog(settings.app_id) for spec in TABLES.values())]
     consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None, **kafka_client_options(settings))
     await consumer.start()
     try:

@@ -75,10 +75,14 @@ def _same(data: bytes) -> bytes:
 class RowSpec:
     """A part of a table's values that its changelog keeps in rows of their own, so a change writes
     what it changed instead of re-encoding the whole value (a lease book's id memory, in chunks: its cost
-    grew with the resource's history). A row's changelog key is the value's key, length-prefixed, then
-    the row's own key."""
+    grew with the resource's history).
 
-    name: str
+    Rows live in the value's own changelog partition under keys no value has (``ROW_MARK`` first: a
+    table key is a resource name, UTF-8, which never holds that byte). A batch writes a value's new
+    rows, then its record, then the tombstones of the rows it no longer needs, all in that partition's
+    batch: a record never lands without the rows it counts on, and a row is never gone while a record
+    that counts on it is the last one written."""
+
     head: Callable[[Any], bytes]
     """The value's changelog form without its rows (``TableSpec.loads`` reads it back)."""
     take: Callable[[Any], list[tuple[bytes, bytes | None]]]
@@ -88,20 +92,23 @@ class RowSpec:
     attach: Callable[[Any, list[tuple[bytes, bytes]]], None]
     """Put restored rows back into a restored value (read from ``head``)."""
 
-    def changelog(self, app_id: str) -> str:
-        """Its changelog topic."""
-        return f"{app_id}-{self.name}-changelog"
+    ROW_MARK = b"\xff"
 
-    @staticmethod
-    def row_key(key: bytes, item: bytes) -> bytes:
-        """The changelog key of ``item`` of the value under ``key``."""
-        return len(key).to_bytes(2, "big") + key + item
+    @classmethod
+    def row_key(cls, key: bytes, item: bytes) -> bytes:
+        """The changelog key of row ``item`` of the value under ``key``."""
+        return cls.ROW_MARK + len(key).to_bytes(2, "big") + key + item
+
+    @classmethod
+    def is_row(cls, changelog_key: bytes) -> bool:
+        """Whether a changelog key is a row's (not a value's)."""
+        return changelog_key[:1] == cls.ROW_MARK
 
     @staticmethod
     def split(row_key: bytes) -> tuple[bytes, bytes]:
-        """Inverse of ``row_key``."""
-        size = int.from_bytes(row_key[:2], "big")
-        return row_key[2:2 + size], row_key[2 + size:]
+        """Inverse of ``row_key``: (the value's key, the row's)."""
+        size = int.from_bytes(row_key[1:3], "big")
+        return row_key[3:3 + size], row_key[3 + size:]
 
 
 @dataclass(frozen=True)
@@ -117,19 +124,14 @@ class TableSpec:
     rows: RowSpec | None = None
 
     def changelog(self, app_id: str) -> str:
-        """Its changelog topic: the name faust gives it (the benchmarks' faust baseline writes whole values
-        there, rows included, and so reads the heads the worker writes but not its rows)."""
+        """Its changelog topic: the name faust gives it (the benchmarks' faust baseline writes whole values,
+        and reads the worker's records but not its rows)."""
         return f"{app_id}-{self.name}-changelog"
-
-    def changelogs(self, app_id: str) -> list[str]:
-        """Every changelog topic it writes: its own, and its rows'."""
-        return [self.changelog(app_id), *([self.rows.changelog(app_id)] if self.rows else [])]
 
 
 TABLES: dict[str, TableSpec] = {
     "books": TableSpec("leases", "resource", book_to_bytes, book_from_bytes,
-                       RowSpec("leaseids", book_head_to_bytes, book_take_id_rows, book_id_row_keys,
-                               book_attach_id_rows)),
+                       RowSpec(book_head_to_bytes, book_take_id_rows, book_id_row_keys, book_attach_id_rows)),
     "contents": TableSpec("contents", "resource", content_to_bytes, content_from_bytes),
     # One small changelog entry per edge (not the whole graph per write): the graph is
     # rebuilt in memory from the table after a rebalance.

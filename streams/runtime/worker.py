@@ -87,13 +87,12 @@ class ChangelogTable(MutableMapping[bytes, Any]):
 
     Writes land in the partition ``partition`` names (the runtime sets it to the input's);
     ``changes`` lists each changed (partition, key) once, for the changelog. A table whose spec has
-    ``rows`` writes a value's head to ``topic`` and the rows that changed to ``rows_topic``.
+    ``rows`` writes, per value, its new rows, its record, then its rows' tombstones (``RowSpec``).
     """
 
-    def __init__(self, spec: TableSpec, topic: str, rows_topic: str | None = None) -> None:
+    def __init__(self, spec: TableSpec, topic: str) -> None:
         self.spec = spec
         self.topic = topic
-        self.rows_topic = rows_topic if spec.rows is not None else None
         self.data: dict[bytes, Any] = {}
         self.home: dict[bytes, int] = {}
         self.partition = -1
@@ -137,7 +136,7 @@ class ChangelogTable(MutableMapping[bytes, Any]):
             self.home[key] = partition
 
     def load_rows(self, partition: int, rows: list[tuple[bytes, bytes | None]]) -> None:
-        """Apply the rows changelog of ``partition`` (its last record per row key), after ``load``."""
+        """Apply the row records of ``partition`` (the last record per row key), after ``load``."""
         spec = self.spec.rows
         assert spec is not None
         by_value: dict[bytes, list[tuple[bytes, bytes]]] = {}
@@ -167,14 +166,17 @@ class ChangelogTable(MutableMapping[bytes, Any]):
                 continue
             del self.changes[(partition, key)]
             value = self.data.get(key) if self.home.get(key) == partition else None
-            if rows is None or self.rows_topic is None:
+            if rows is None:
                 out.append((self.topic, partition, key, None if value is None else self.spec.dumps(value)))
                 continue
+            # New rows, the record, then the tombstones (see RowSpec): all in this partition, in this order.
+            taken = [] if value is None else rows.take(value)
+            written = {item for item, row in taken if row is not None}
+            out.extend((self.topic, partition, rows.row_key(key, item), row) for item, row in taken if row is not None)
             out.append((self.topic, partition, key, None if value is None else rows.head(value)))
-            for item in self.gone.pop((partition, key), ()):
-                out.append((self.rows_topic, partition, rows.row_key(key, item), None))
-            if value is not None:
-                out.extend((self.rows_topic, partition, rows.row_key(key, item), row) for item, row in rows.take(value))
+            gone = [*self.gone.pop((partition, key), ()), *(item for item, row in taken if row is None)]
+            out.extend((self.topic, partition, rows.row_key(key, item), None)
+                       for item in dict.fromkeys(gone) if item not in written)
         return out
 
 
@@ -209,7 +211,7 @@ class Worker:
         self.registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
         self.gate = Gate(self.registry, enabled=settings.verify_signatures)
         self.feed = RegistryFeed(self.registry, settings)
-        self.tables = {name: ChangelogTable(spec, *spec.changelogs(settings.app_id)) for name, spec in TABLES.items()}
+        self.tables = {name: ChangelogTable(spec, spec.changelog(settings.app_id)) for name, spec in TABLES.items()}
         processors = processor_of(settings.topics)
         self.inputs = input_topics(settings.topics)
         self.tables_of = {topic: [t for t in self.tables.values() if t.spec.processor == processors[topic]]
@@ -334,7 +336,7 @@ class Worker:
         """Topics, registry, producers and the group membership: everything before the first batch."""
         settings = self.settings
         await ensure_topics(settings)
-        await ensure_changelogs(settings, [t for spec in TABLES.values() for t in spec.changelogs(settings.app_id)])
+        await ensure_changelogs(settings, [t.topic for t in self.tables.values()])
         await self.feed.start()
         mine = self.registry.entries.get(self.signer.key_id)
         if settings.verify_signatures and (mine is None or mine.role != ROLE_WORKER or mine.status != ACTIVE):
@@ -710,13 +712,9 @@ class Worker:
         assert self.restorer is not None
         self._forget(tps)
         where: dict[TopicPartition, ChangelogTable] = {}
-        rows_of: set[TopicPartition] = set()
         for tp in tps:
             for table in self.tables_of[tp.topic]:
                 where[TopicPartition(table.topic, tp.partition)] = table
-                if table.rows_topic is not None:
-                    rows_of.add(ctp := TopicPartition(table.rows_topic, tp.partition))
-                    where[ctp] = table
         if not where:
             return 0
         restorer = self.restorer
@@ -742,10 +740,11 @@ class Worker:
             if time.monotonic() - last_report > 5:
                 last_report = time.monotonic()
                 log.info("restoring state: %d changelog records read, %d partitions to go", count, len(remaining))
-        rows: dict[TopicPartition, list[tuple[bytes, bytes | None]]] = {ctp: [] for ctp in rows_of}
+        rows: dict[TopicPartition, list[tuple[bytes, bytes | None]]] = {}
         for n, ((ctp, key), value) in enumerate(latest.items()):
-            if ctp in rows_of:
-                rows[ctp].append((key, value))
+            spec = where[ctp].spec.rows
+            if spec is not None and spec.is_row(key):
+                rows.setdefault(ctp, []).append((key, value))
             else:
                 where[ctp].load(ctp.partition, key, value)
             if n % 500 == 499:

@@ -26,6 +26,7 @@ from arbiter.schemas.identity import (
     REVOKED,
     ROTATED,
     IdentityError,
+    PublicKey,
     Refused,
     Registry,
     Signer,
@@ -86,6 +87,44 @@ def test_a_signed_command_verifies_as_its_signer(registry: Registry, alice: Sign
     key, value, headers = signed(alice, request())
     verdict = registry.verify(TOPIC, key, value, headers, appended_at_ms=100)
     assert isinstance(verdict, Verified) and verdict.name == "alice" and verdict.role == "agent"
+
+
+ORDER = 2**252 + 27742317777372353535851937790883648493
+"""The order of Ed25519's base point: S and S + ORDER make the same equation hold."""
+
+
+def test_libsodium_and_openssl_agree_on_what_a_signature_is(alice: Signer) -> None:
+    """Signatures are made and checked with libsodium, while keys on disk and the audit checkpoint's
+    admin signature go through ``cryptography`` (OpenSSL): each must accept the other's, and both
+    refuse the same forgeries, or a worker and an auditor could disagree on one message."""
+    from cryptography.exceptions import InvalidSignature
+
+    public = PublicKey(alice.public_raw)
+    openssl = alice.private_key.public_key()
+    message = b"the message"
+    ours = alice._sign(message)
+    assert ours == alice.private_key.sign(message)  # Ed25519 is deterministic: the same 64 bytes
+    public.verify(alice.private_key.sign(message), message)
+    openssl.verify(ours, message)
+    r, s = ours[:32], int.from_bytes(ours[32:], "little")
+    forgeries = {
+        "another message": (ours, b"the messagf"),
+        "a flipped bit": (ours[:5] + bytes([ours[5] ^ 1]) + ours[6:], message),
+        "S + the group order (malleable)": (r + (s + ORDER).to_bytes(32, "little"), message),
+        "too short": (ours[:63], message),
+        "too long": (ours + b"\0", message),
+        "zeros": (bytes(64), message),
+    }
+    for signature, data in forgeries.values():
+        with pytest.raises(InvalidSignature):
+            public.verify(signature, data)
+        with pytest.raises(InvalidSignature):
+            openssl.verify(signature, data)
+
+
+def test_a_public_key_is_32_bytes() -> None:
+    with pytest.raises(ValueError):
+        PublicKey(bytes(31))
 
 
 @pytest.mark.parametrize("change", ["topic", "key", "value", "signature", "time", "unsigned", "key id"])

@@ -229,7 +229,8 @@ class ArbiterClient:
         self._routes[request_id] = route
         try:
             await self._send(key, command)
-            return await asyncio.wait_for(future, timeout)
+            async with asyncio.timeout(timeout):
+                return await future
         except TimeoutError:
             raise ArbiterTimeout(f"no answer to {type(command).__name__} on {key!r} within {timeout}s: "
                                  "is a worker running?") from None
@@ -283,7 +284,8 @@ class ArbiterClient:
                                                                         resource, on_queued)
         try:
             await self._send(resource, command)
-            await asyncio.wait_for(answered, wait + self.settings.session_timeout + 10)
+            async with asyncio.timeout(wait + self.settings.session_timeout + 10):
+                await answered
         except BaseException as exc:
             await self._withdraw(pending, resource)
             if isinstance(exc, asyncio.TimeoutError):

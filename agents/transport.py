@@ -127,10 +127,10 @@ class KafkaTransport:
         while True:
             try:
                 # aiokafka holds a send while no broker answers (up to its request timeout, 40 s):
-                # bound it by this call's deadline.
-                await asyncio.wait_for(self.hub.producer.send_and_wait(topic, key=raw_key, value=value,
-                                                                       headers=headers),
-                                       max(0.05, deadline - time.monotonic()))
+                # bound it by this call's deadline. (``asyncio.timeout``, not ``wait_for``: that wraps
+                # every send in a task of its own, a sixth of a front door's CPU per grant.)
+                async with asyncio.timeout(max(0.05, deadline - time.monotonic())):
+                    await self.hub.producer.send_and_wait(topic, key=raw_key, value=value, headers=headers)
                 return
             except TimeoutError:
                 raise ArbiterUnavailable(

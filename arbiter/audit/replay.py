@@ -35,6 +35,7 @@ from arbiter.edge.keys import anchors_for
 from arbiter.edge.settings import Settings
 from arbiter.schemas import (
     CompensationRequested,
+    ContractError,
     DeadLetter,
     DeadlockDetected,
     IdentityRegistered,
@@ -54,6 +55,7 @@ from arbiter.schemas import (
 from arbiter.schemas.codec import Codec, default_codec
 from arbiter.schemas.identity import IdentityError, Refused, Registry, Verified
 from arbiter.schemas.partitioning import partition_for
+from arbiter.schemas.roles import ROLE_WORKER
 from arbiter.streams.cores.gateway import RESERVED_KEYS, ContentState, ToolOutcome
 from arbiter.streams.cores.leases import LeaseBook
 from arbiter.streams.cores.saga import COMPENSATED, COMPLETED, Saga
@@ -68,33 +70,71 @@ Output = tuple[str, bytes, Record]
 """(topic, key, record): one thing the worker would have sent (a dead letter on the dead-letter topic)."""
 
 
+def _recorded_outcome(record: ToolApplied | ToolRejected) -> ToolOutcome | None:
+    """What the tool's run gave, as a decision records it (None: the gate refused; no tool ran)."""
+    if isinstance(record, ToolApplied):
+        return ToolOutcome(True, record.result_json)
+    diagnostic = json.loads(record.diagnostic_json)
+    if record.reason != "tool_failed" and not diagnostic.get("by_tool"):
+        return None  # the gate's own refusal: re-derived, not recorded
+    details = tuple(sorted((k, v) for k, v in diagnostic.items() if k not in RESERVED_KEYS))
+    return ToolOutcome(False, error=str(diagnostic.get("error", "")), reason=record.reason, details=details)
+
+
+def worker_signed(log: Log, settings: Settings) -> Callable[[Entry], bool]:
+    """Whether a recorded decision carries a worker's signature, by the log's whole registry rooted in the
+    admin keys this auditor trusts (a log decided without signatures: every decision is taken as it is)."""
+    if not verifies(log, settings):
+        return lambda _entry: True
+    registry = Registry(trust_anchors(settings))
+    codec = default_codec(settings.max_message_bytes)
+    for entry in log.of(settings.topics.registry):
+        if isinstance(entry.record, IdentityRegistered):
+            registry.apply(entry.topic, entry.key, entry.value_bytes(codec), entry.headers, entry.record)
+
+    def signed(entry: Entry) -> bool:
+        try:
+            value = entry.value_bytes(codec)
+        except ContractError:
+            return False
+        signer = registry.verify(entry.topic, entry.key, value, entry.headers, entry.timestamp_ms)
+        return isinstance(signer, Verified) and signer.role == ROLE_WORKER
+
+    return signed
+
+
 class RecordedTools:
     """The worker's tools as replay sees them: real names and argument schemas; the outcome
-    of a run is the one the log recorded (tools are side effects, not decisions)."""
+    of a run is the one the log recorded (tools are side effects, not decisions).
 
-    def __init__(self, log: Log, simulated: bool = False) -> None:
+    An outcome is an intent's on its resource: ``(resource, intent id)``, the scope the gateway decides
+    ids in, so two agents' intents of the same id on their own resources each get their own. Only
+    decisions a worker signed are read (``signed``): a forged outcome, or a forged snapshot's content,
+    is an intrusion the ``authenticated`` check reports, never the answer an honest input is replayed
+    with."""
+
+    def __init__(self, log: Log, simulated: bool = False,
+                 signed: Callable[[Entry], bool] = lambda _entry: True) -> None:
         from arbiter.streams.tools.ledger import ledger_tool_registry
 
         self.simulated = simulated
         """What-if mode: a run the recording never made succeeds (the tools' answer is unknowable)."""
         self._registry = ledger_tool_registry()
-        self._outcomes: dict[str, ToolOutcome] = {}
+        self._outcomes: dict[tuple[str, str], ToolOutcome] = {}
         for entry in log.of(log.topics.resource_events):
             record = entry.record
-            if isinstance(record, ToolApplied):
-                self._outcomes.setdefault(record.intent_id, ToolOutcome(True, record.result_json))
-            elif isinstance(record, ToolRejected) and record.reason in ("tool_failed", "version_conflict"):
-                diagnostic = json.loads(record.diagnostic_json)
-                if record.reason == "version_conflict" and not diagnostic.get("by_tool"):
-                    continue  # the gate's own refusal: re-derived, not recorded
-                details = tuple(sorted((k, v) for k, v in diagnostic.items() if k not in RESERVED_KEYS))
-                self._outcomes.setdefault(record.intent_id, ToolOutcome(
-                    False, error=str(diagnostic.get("error", "")), reason=record.reason, details=details))
+            if not isinstance(record, ToolApplied | ToolRejected) or (record.resource, record.intent_id) in \
+                    self._outcomes:
+                continue
+            outcome = _recorded_outcome(record)
+            if outcome is not None and signed(entry):
+                self._outcomes[record.resource, record.intent_id] = outcome
         self._contents: dict[tuple[str, str], str | None] = {}
         for entry in log.of(log.topics.agent_inbox):
             record = entry.record
-            if isinstance(record, ResourceSnapshot):
-                self._contents.setdefault((record.agent_id, record.request_id), record.content_json)
+            if isinstance(record, ResourceSnapshot) and (record.agent_id, record.request_id) not in self._contents \
+                    and signed(entry):
+                self._contents[record.agent_id, record.request_id] = record.content_json
 
     def names(self) -> frozenset[str]:
         """Registered tool names."""
@@ -106,7 +146,7 @@ class RecordedTools:
 
     async def run(self, intent: ToolIntent, arguments: Any) -> ToolOutcome:
         """The recorded outcome; when there is none, a failure that says so (or, what-if, a success)."""
-        recorded = self._outcomes.get(intent.intent_id)
+        recorded = self._outcomes.get((intent.resource, intent.intent_id))
         if recorded is not None:
             return recorded
         if self.simulated:
@@ -297,8 +337,9 @@ def new_engine(log: Log, settings: Settings, *, simulated: bool = False,
                victim_policy: VictimPolicy | None = None) -> Engine:
     """An engine that decides as the log's workers did: their rules, their trust gate."""
     rules = rules_of(log, settings)[0]
-    return Engine(settings, RecordedTools(log, simulated=simulated), rules, victim_policy=victim_policy,
-                  trust=ReplayTrust.of(log, settings, rules))
+    trust = ReplayTrust.of(log, settings, rules)
+    tools = RecordedTools(log, simulated=simulated, signed=worker_signed(log, settings))
+    return Engine(settings, tools, rules, victim_policy=victim_policy, trust=trust)
 
 
 def inputs(log: Log, settings: Settings) -> Iterator[Entry]:
@@ -348,8 +389,9 @@ def settled_offsets(log: Log, settings: Settings) -> dict[tuple[str, int], int]:
     not record yet (a tool's outcome is a side effect, known once its decision is written): every input up
     to it decides the same whatever comes later. Partitions without such an intent are settled to the end."""
     t = settings.topics
+    signed = worker_signed(log, settings)  # a forged outcome settles nothing
     answered = {(e.record.resource, e.record.intent_id) for e in log.of(t.resource_events)
-                if isinstance(e.record, ToolApplied | ToolRejected)}
+                if isinstance(e.record, ToolApplied | ToolRejected) and signed(e)}
     lettered = {(e.record.source.topic, e.record.source.partition, e.record.source.offset)
                 for e in log.of(t.dead_letter) if isinstance(e.record, DeadLetter)}
     settled: dict[tuple[str, int], int] = {}

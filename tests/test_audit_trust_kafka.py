@@ -256,3 +256,52 @@ async def test_a_checkpointed_audit_of_the_live_topics_resumes_with_the_whole_re
     whole = await audit(await read_log(settings), settings)
     assert report["verdict"] == whole["verdict"] == "pass", _problems(report)
     assert report["stats"]["grants"] == whole["stats"]["grants"] >= 7, (report["stats"], whole["stats"])
+
+
+async def test_forged_outcomes_never_change_the_verdict_on_honest_records(kafka_settings: Settings,
+                                                                          worker: WorkerPool) -> None:
+    """Two forgeries that once swayed the replay: the honest records replay with their own outcomes.
+
+    - Alice and bob each write their own document with the same intent id: an intent is its resource plus
+      its id, so each replays with its own result (keyed by the id alone, bob's got alice's).
+    - Before alice's saga is aborted, mallory writes a ToolApplied for its compensation's intent id, which
+      anyone can predict (``<saga>|undo|<step>|<attempt>``), unsigned and signed by her: an intrusion each,
+      while the honest compensation replays with the worker's outcome.
+    """
+    from arbiter.schemas import ToolApplied
+
+    from .test_trust_kafka import seeded_ledger
+
+    settings = kafka_settings
+    seeded_ledger(settings, {"alice": 10_000})
+    shared = "same-intent-id"
+    async with ArbiterClient("alice", settings) as alice, ArbiterClient("bob", settings) as bob:
+        mine = await alice.commit("doc:alice-notes", 0, {"by": "alice"}, intent_id=shared)
+        theirs = await bob.commit("doc:bob-notes", 0, {"by": "bob"}, intent_id=shared)
+        assert mine.applied and theirs.applied and mine.result != theirs.result, (mine.result, theirs.result)
+        mallory = await ensure_identity(settings, "mallory")
+        forged: list[str] = []
+        with pytest.raises(RuntimeError, match="cancelled"):
+            async with alice.saga("refund") as saga:
+                async with saga.lease("account:alice", ttl=60) as lease:
+                    base = (await alice.snapshot("account:alice")).version
+                    await saga.step(lease, "refund", {"order_id": "o-1", "amount": 250}, base_version=base,
+                                    compensate=lambda o: ("reverse_refund", {"refund_intent_id": o.intent_id}))
+                undo = f"{saga.saga_id}|undo|0|1"
+                lie = ToolApplied(intent_id=undo, agent_id=saga.saga_id, resource="account:alice",
+                                  tool="reverse_refund", token=1, version=99, content_hash="0" * 32,
+                                  result_json=json.dumps({"reversed": "nothing, says mallory"}),
+                                  decided_at_ms=now_ms(),
+                                  cause=Cause(topic=settings.topics.resource_commands, partition=0, offset=0))
+                for signer in (None, mallory):
+                    forged.append(await _produce(settings, settings.topics.resource_events, "account:alice", lie,
+                                                 signer))
+                raise RuntimeError("cancelled")
+    log = await _settled_log(settings)
+    honest = [e for e in log.of(settings.topics.resource_events)
+              if isinstance(e.record, ToolApplied) and e.record.intent_id == undo and e.where not in forged]
+    assert honest, "the compensation ran"
+    report = await audit(log, settings)
+    assert report["verdict"] == "pass" and report["violations"] == 0, "\n".join(_problems(report))
+    assert report["intrusions"] == len(forged)
+    assert {w for f in _authenticated(report) for w in f["where"]} == set(forged)

@@ -47,6 +47,21 @@ class Reason(StrEnum):
     VERSION_CONFLICT = "version_conflict"
     TOOL_FAILED = "tool_failed"
     UNKNOWN_TOOL = "unknown_tool"
+    # Repositories (``arbiter.streams.tools.git``): each cause its own code, with advice that can succeed
+    UNKNOWN_REPOSITORY = "unknown_repository"
+    INVALID_REF = "invalid_ref"
+    BRANCH_MISSING = "branch_missing"
+    NO_SANDBOX = "no_sandbox"
+    SANDBOX_EXISTS = "sandbox_exists"
+    NOTHING_TO_MERGE = "nothing_to_merge"
+    TARGET_CHECKED_OUT_ELSEWHERE = "target_checked_out_elsewhere"
+    TARGET_DIRTY = "target_dirty"
+    UNTRACKED_IN_THE_WAY = "untracked_in_the_way"
+    CHECK_FAILED = "check_failed"
+    CHECK_TIMED_OUT = "check_timed_out"
+    REBASE_CONFLICT = "rebase_conflict"
+    NOT_YOUR_MERGE = "not_your_merge"
+    REVERT_CONFLICT = "revert_conflict"
     # Dead letters: input a processor could not use
     NOT_SINGLE_OBJECT = "not_single_object"
     TRUNCATED = "truncated"
@@ -104,6 +119,33 @@ WHAT_TO_DO: dict[Reason, str] = {
     Reason.TOOL_FAILED: "The tool ran and failed; nothing was applied. Read the error, fix the arguments, retry "
                         "with a new intent id.",
     Reason.UNKNOWN_TOOL: "Use one of the tools registered in the worker.",
+    Reason.UNKNOWN_REPOSITORY: "Use a repository this deployment serves (the operator configures them: ARBITER_REPOS "
+                               "or repos.toml, the same for the workers).",
+    Reason.INVALID_REF: "Name a branch: letters, digits and ._/- only, not starting with '-' and without '..'.",
+    Reason.BRANCH_MISSING: "The branch does not exist in the repository: name one that does (git branch --list).",
+    Reason.NO_SANDBOX: "You have no sandbox of this repository (never made, or discarded): make one "
+                       "(sandbox_create, arbiter sandbox create), redo or bring your commits there, and merge it.",
+    Reason.SANDBOX_EXISTS: "You have a sandbox of this repository already: work in it (its path is in the "
+                           "diagnostic), merge it, or discard it first.",
+    Reason.NOTHING_TO_MERGE: "Your sandbox branch has no commit the target lacks: commit your work there first.",
+    Reason.TARGET_CHECKED_OUT_ELSEWHERE: "The target branch is checked out in another worktree, which would be "
+                                         "left behind: the operator switches that worktree to another branch "
+                                         "(the command is in the diagnostic); or merge into another target.",
+    Reason.TARGET_DIRTY: "The repository's main checkout has uncommitted changes on the target: the operator "
+                         "commits or stashes them there (the paths are in the diagnostic); then merge again.",
+    Reason.UNTRACKED_IN_THE_WAY: "Files in the main checkout that git does not track sit where your merge adds "
+                                 "files: the operator moves them away (the paths are in the diagnostic); then "
+                                 "merge again.",
+    Reason.CHECK_FAILED: "The repository's check failed on your merge result (its output is in the diagnostic): "
+                         "fix it in your sandbox, commit, and merge again.",
+    Reason.CHECK_TIMED_OUT: "The repository's check ran past its time limit on your merge result: make it faster "
+                            "in your sandbox (or ask the operator for a longer limit), commit, and merge again.",
+    Reason.REBASE_CONFLICT: "The rebase was undone, your sandbox is as it was: merge the target into your sandbox "
+                            "(git merge main), resolve the paths listed, commit, and merge again.",
+    Reason.NOT_YOUR_MERGE: "Only the saga of the agent that merged can revert a merge (as its compensation); an "
+                           "operator reverts one by aborting that saga, or by hand with git revert.",
+    Reason.REVERT_CONFLICT: "What landed since the merge conflicts with undoing it: a person must revert it by "
+                            "hand (git revert -m 1 <merge>) and resolve the paths listed.",
     Reason.NOT_SINGLE_OBJECT: "Encode the message as Avro single-object encoding (0xC3 0x01, fingerprint, body).",
     Reason.TRUNCATED: "Send the whole message.",
     Reason.UNKNOWN_FINGERPRINT: "Encode with a schema this Arbiter knows (the .avsc files it ships).",

@@ -48,11 +48,11 @@ class Tools:
         register_git_tools(self.registry, Repos({"app": repo}))
         self.count = 0
 
-    def __call__(self, agent: str, tool: str, args: dict[str, Any], intent_id: str | None = None
-                 ) -> tuple[bool, dict[str, Any]]:
+    def __call__(self, agent: str, tool: str, args: dict[str, Any], intent_id: str | None = None,
+                 **fields: Any) -> tuple[bool, dict[str, Any]]:
         self.count += 1
         intent = ToolIntent(intent_id=intent_id or f"i{self.count}", agent_id=agent, resource="repo:app", tool=tool,
-                            arguments_json=json.dumps(args), token=1, sent_at_ms=0)
+                            arguments_json=json.dumps(args), token=1, sent_at_ms=0, **fields)
         parsed = self.registry.parse(intent)
         assert not isinstance(parsed, str), parsed
         outcome = asyncio.run(self.registry.run(intent, parsed))
@@ -151,20 +151,45 @@ def test_refusals_say_what_to_do_and_change_nothing(repo: Path, tmp_path: Path) 
     assert not outcome.ok and "no repository 'nope'" in outcome.error
 
 
+def _undo(saga: str) -> dict[str, Any]:
+    """What a saga's compensation intent carries (only a worker's saga processor may send one)."""
+    return {"saga_id": saga, "is_compensation": True}
+
+
 def test_a_revert_undoes_a_merge_as_a_new_commit_once(repo: Path) -> None:
     tools = Tools(repo)
     _, ann = tools("ann", "sandbox_create", {})
     commit(Path(ann["path"]), "feature.py", "on = True\n", "feature")
-    ok, merged = tools("ann", "merge", {"message": "feature"}, intent_id="m-1")
+    ok, merged = tools("ann", "merge", {"message": "feature"}, intent_id="m-1", saga_id="saga:ann/x")
     assert ok and (repo / "feature.py").exists()
     undo = "saga:ann/x:1f|undo|0|1"  # a saga's ids hold characters no ref name may
-    ok, reverted = tools("saga:ann/x", "revert_merge", {"merge_intent_id": "m-1"}, intent_id=undo)
+    ok, reverted = tools("saga:ann/x", "revert_merge", {"merge_intent_id": "m-1"}, intent_id=undo,
+                         **_undo("saga:ann/x"))
     assert ok and reverted["previous"] == merged["head"], reverted
     assert not (repo / "feature.py").exists() and sh(repo, "rev-parse", "main") == reverted["head"]
-    ok, again = tools("saga:ann/x", "revert_merge", {"merge_intent_id": "m-1"}, intent_id=undo)
+    ok, again = tools("saga:ann/x", "revert_merge", {"merge_intent_id": "m-1"}, intent_id=undo,
+                      **_undo("saga:ann/x"))
     assert ok and again["redelivered"] and sh(repo, "rev-list", "--count", "main") == "4"  # init, work, merge, revert
-    ok, none = tools("saga:ann/x", "revert_merge", {"merge_intent_id": "never"}, intent_id="r-2")
+    ok, none = tools("saga:ann/x", "revert_merge", {"merge_intent_id": "never"}, intent_id="r-2",
+                     **_undo("saga:ann/x"))
     assert ok and none["reverted"] is None
+
+
+def test_only_the_merging_agents_saga_reverts_its_merge(repo: Path) -> None:
+    """Bob may not undo Ann's merge: not directly, not through a compensation of his own saga that names it;
+    nor may Ann outside her saga's compensation. Each is refused not_your_merge and changes nothing."""
+    tools = Tools(repo)
+    _, ann = tools("ann", "sandbox_create", {})
+    commit(Path(ann["path"]), "feature.py", "on = True\n", "feature")
+    ok, merged = tools("ann", "merge", {"message": "feature"}, intent_id="m-ann")
+    assert ok
+    for agent, fields in [("bob", {}), ("saga:bob/steal", _undo("saga:bob/steal")), ("ann", {}),
+                          ("saga:ann", _undo("saga:ann"))]:
+        ok, refused = tools(agent, "revert_merge", {"merge_intent_id": "m-ann"}, **fields)
+        assert not ok and refused["reason"] == "not_your_merge" and refused["merged_by"] == "ann", (agent, refused)
+        assert sh(repo, "rev-parse", "main") == merged["head"] and (repo / "feature.py").exists()
+    ok, reverted = tools("saga:ann/fix", "revert_merge", {"merge_intent_id": "m-ann"}, **_undo("saga:ann/fix"))
+    assert ok and not (repo / "feature.py").exists(), reverted
 
 
 def test_git_is_the_one_this_machine_has() -> None:
@@ -224,3 +249,42 @@ def test_arguments_that_would_reach_git_as_options_or_commands_are_refused(repo:
         assert not outcome.ok, (tool, args)
     assert not list(repo.glob("planted*")) and not list(Path(ann["path"]).glob("planted*"))
     assert sh(repo, "rev-parse", "--verify", "main")
+
+
+def test_each_refusal_has_its_own_code_and_changes_nothing(repo: Path, tmp_path: Path) -> None:
+    """Every git refusal names its cause (never the catch-all tool_failed, whose advice of a new intent id
+    cannot help) and leaves the repository as it was."""
+    tools = Tools(repo)
+    main = sh(repo, "rev-parse", "main")
+    assert tools("ann", "sandbox_create", {"base": "nope"})[1]["reason"] == "branch_missing"
+    assert tools("ann", "sandbox_create", {"base": "-x"})[1]["reason"] == "invalid_ref"
+    _, ann = tools("ann", "sandbox_create", {})
+    assert tools("ann", "sandbox_create", {})[1]["reason"] == "sandbox_exists"
+    assert tools("ann", "merge", {"message": "m"})[1]["reason"] == "nothing_to_merge"
+    commit(Path(ann["path"]), "new.py", "x = 1\n", "new")
+    assert tools("ann", "merge", {"message": "m", "target": "nope"})[1]["reason"] == "branch_missing"
+    assert tools("ann", "merge", {"message": "m", "target": "a..b"})[1]["reason"] == "invalid_ref"
+    assert tools("bob", "merge", {"message": "m"})[1]["reason"] == "no_sandbox"
+    (repo / "new.py").write_text("untracked, where the merge adds new.py\n")
+    refused = tools("ann", "merge", {"message": "m"})[1]
+    assert refused["reason"] == "untracked_in_the_way" and refused["paths"] == ["new.py"], refused
+    (repo / "new.py").unlink()
+    (repo / "README").write_text("edited by hand\n")
+    refused = tools("ann", "merge", {"message": "m"})[1]
+    assert refused["reason"] == "target_dirty" and refused["paths"] == ["README"], refused
+    sh(repo, "checkout", "-q", "README")
+    sh(repo, "switch", "-q", "--detach")
+    sh(repo, "worktree", "add", "-q", str(tmp_path / "elsewhere"), "main")
+    refused = tools("ann", "merge", {"message": "m"})[1]
+    assert refused["reason"] == "target_checked_out_elsewhere" and "switch --detach" in refused["advice"], refused
+    assert sh(repo, "rev-parse", "main") == main, "nothing moved"
+    sh(repo, "worktree", "remove", str(tmp_path / "elsewhere"))
+    ok, merged = tools("ann", "merge", {"message": "m"})
+    assert ok and merged["previous"] == main
+    tools("ann", "sandbox_discard", {})
+    assert tools("ann", "merge", {"message": "again"})[1]["reason"] == "no_sandbox"
+    from arbiter.schemas.reasons import WHAT_TO_DO, Reason
+
+    for code in ("branch_missing", "invalid_ref", "sandbox_exists", "nothing_to_merge", "no_sandbox",
+                 "untracked_in_the_way", "target_dirty", "target_checked_out_elsewhere"):
+        assert "new intent id" not in WHAT_TO_DO[Reason(code)], code

@@ -169,8 +169,8 @@ class ToolOutcome:
     result_json: str = "null"
     error: str = ""
     reason: str = "tool_failed"
-    """Why it failed: ``tool_failed``, or ``version_conflict`` when the tool found the resource moved
-    under the intent (a merge that conflicts with what landed since its base)."""
+    """Why it failed: ``tool_failed``, or a code of its own cause (``version_conflict`` when the tool found
+    the resource moved under the intent: a merge that conflicts with what landed since its base)."""
     details: tuple[tuple[str, Any], ...] = ()
     """What the tool adds to the refusal's diagnostic (the conflicting paths, say)."""
 
@@ -329,15 +329,18 @@ def complete(
                            version=content.version + 1,
                            content_hash=next_hash(content.content_hash, intent), result_json=outcome.result_json,
                            request_sent_at_ms=intent.sent_at_ms, decided_at_ms=now_ms, cause=cause)
-    if outcome.reason == Reason.VERSION_CONFLICT.value:
-        # The tool found the resource moved under the intent; ``by_tool`` tells a replay it was not the gate.
-        return reject(content, book, intent, Reason.VERSION_CONFLICT, now_ms, cause, hide_tokens=hide_tokens,
-                      **{key: value for key, value in outcome.details if key not in RESERVED_KEYS},
+    details = {key: value for key, value in outcome.details if key not in RESERVED_KEYS}
+    reason = Reason(outcome.reason) if outcome.reason in _CODES else Reason.TOOL_FAILED
+    if reason != Reason.TOOL_FAILED:
+        # A cause the tool named (the resource moved under the intent, say); ``by_tool`` tells a replay it
+        # was the tool's answer, not the gate's.
+        return reject(content, book, intent, reason, now_ms, cause, hide_tokens=hide_tokens, **details,
                       error=outcome.error[:2000], by_tool=True)
-    return reject(content, book, intent, Reason.TOOL_FAILED, now_ms, cause, hide_tokens=hide_tokens,
-                  **{key: value for key, value in outcome.details if key not in RESERVED_KEYS},
+    return reject(content, book, intent, Reason.TOOL_FAILED, now_ms, cause, hide_tokens=hide_tokens, **details,
                   error=outcome.error[:2000])
 
+
+_CODES = frozenset(Reason)
 
 RESERVED_KEYS = frozenset({"reason", "resource", "you_sent", "current", "what_to_do", "error", "by_tool"})
 """Diagnostic keys a tool's details never replace."""

@@ -23,6 +23,7 @@ cannot touch another agent's sandbox through the gateway.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import os
@@ -35,6 +36,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from arbiter.schemas.reasons import Reason
+from arbiter.streams.cores.trust import owned_saga_prefix
 from arbiter.streams.tools.registry import ToolCall, ToolError, ToolRegistry
 
 BRANCH_PREFIX = "arbiter/"
@@ -48,17 +51,24 @@ class GitFailed(ToolError):
     """A git command failed."""
 
 
+SAFE_GIT = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
+"""Options every git command of Arbiter's runs with. A sandbox is a worktree of the repository, so its agent
+can write the repository's git folder: no hook planted there, and no fsmonitor command, runs with the
+host's authority."""
+
+
 def git(repo: Path, *args: str, check: bool = True, stdin: str | None = None,
-        timeout: float = GIT_TIMEOUT) -> subprocess.CompletedProcess[str]:
-    """Run ``git -C repo args``; with ``check``, a failure raises ``GitFailed`` with git's message."""
-    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C",
-           "GIT_AUTHOR_NAME": os.environ.get("GIT_AUTHOR_NAME", "arbiter"),
-           "GIT_AUTHOR_EMAIL": os.environ.get("GIT_AUTHOR_EMAIL", "arbiter@localhost"),
-           "GIT_COMMITTER_NAME": os.environ.get("GIT_COMMITTER_NAME", "arbiter"),
-           "GIT_COMMITTER_EMAIL": os.environ.get("GIT_COMMITTER_EMAIL", "arbiter@localhost")}
+        timeout: float = GIT_TIMEOUT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``git -C repo args`` (with ``SAFE_GIT``); with ``check``, a failure raises ``GitFailed`` with
+    git's message. ``env``: variables added to git's environment."""
+    full = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C",
+            "GIT_AUTHOR_NAME": os.environ.get("GIT_AUTHOR_NAME", "arbiter"),
+            "GIT_AUTHOR_EMAIL": os.environ.get("GIT_AUTHOR_EMAIL", "arbiter@localhost"),
+            "GIT_COMMITTER_NAME": os.environ.get("GIT_COMMITTER_NAME", "arbiter"),
+            "GIT_COMMITTER_EMAIL": os.environ.get("GIT_COMMITTER_EMAIL", "arbiter@localhost"), **(env or {})}
     try:
-        done = subprocess.run(["git", "-C", str(repo), *args], input=stdin, capture_output=True, text=True,
-                              env=env, timeout=timeout)
+        done = subprocess.run(["git", *SAFE_GIT, "-C", str(repo), *args], input=stdin, capture_output=True,
+                              text=True, env=full, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise GitFailed(f"git {args[0]} took over {timeout:g} s") from exc
     except FileNotFoundError as exc:
@@ -135,11 +145,13 @@ class Repos:
         """The repository ``repo:<name>`` names; ``ToolError`` when it is not configured."""
         prefix, _, name = resource.partition(":")
         if prefix != "repo" or not name:
-            raise ToolError(f"{resource!r} is not a repository resource ('repo:<name>')")
+            raise ToolError(f"{resource!r} is not a repository resource ('repo:<name>')",
+                            reason=Reason.UNKNOWN_REPOSITORY)
         path = self.repos.get(name)
         if path is None:
             known = ", ".join(sorted(self.repos)) or "none"
-            raise ToolError(f"no repository {name!r} on this worker (configured: {known}; ARBITER_REPOS=name=path)")
+            raise ToolError(f"no repository {name!r} on this worker (configured: {known})",
+                            reason=Reason.UNKNOWN_REPOSITORY)
         return path
 
     def git_dir(self, repo: Path) -> Path:
@@ -180,12 +192,17 @@ class Repos:
         return found
 
 
-def _commit(repo: Path, ref: str, what: str) -> str:
-    """The commit ``ref`` names; ``ToolError`` saying which ref is missing (never read as a conflict)."""
+def _commit(repo: Path, ref: str, what: str, missing: Reason = Reason.BRANCH_MISSING) -> str:
+    """The commit ``ref`` names; ``ToolError`` (``missing``) saying which ref is missing (never a conflict)."""
     done = git(repo, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}", check=False)
     if done.returncode != 0 or not done.stdout.strip():
-        raise ToolError(f"{what} {ref!r} does not exist in {repo.name}")
+        raise ToolError(f"{what} {ref!r} does not exist in {repo.name}", reason=missing)
     return done.stdout.strip()
+
+
+def _valid(kind: str, name: str) -> None:
+    if not valid_ref_name(name):
+        raise ToolError(f"{kind} {name!r} is not a branch name this tool accepts", reason=Reason.INVALID_REF)
 
 
 def intent_ref(intent_id: str) -> str:
@@ -209,17 +226,36 @@ def _check_target(repos: Repos, repo: Path, target: str) -> Path | None:
             continue
         if index > 0:
             raise ToolError(f"branch {target!r} is checked out in the worktree {tree['worktree']}: a merge would "
-                            "leave its files behind the branch", advice=f"Switch that worktree to another "
-                            f"branch (git -C {tree['worktree']} switch --detach), or merge into another target.")
+                            "leave its files behind the branch", reason=Reason.TARGET_CHECKED_OUT_ELSEWHERE,
+                            advice=f"The operator switches that worktree to another branch (git -C "
+                                   f"{tree['worktree']} switch --detach); or merge into another target.")
         assert main is not None
         status = [line for line in git(main, "status", "--porcelain", "--untracked-files=no").stdout.splitlines()
                   if line.strip()]
         if status:
+            paths = [line[3:] for line in status[:50]]
             raise ToolError(f"branch {target!r} is checked out in {main} with uncommitted changes: "
-                            f"{', '.join(line[3:] for line in status[:10])}",
-                            advice="Commit or stash them there, then merge again.")
+                            f"{', '.join(paths[:10])}", reason=Reason.TARGET_DIRTY, paths=paths,
+                            advice=f"The operator commits or stashes them in {main}; then merge again.")
         return main
     return None
+
+
+def _fits_checkout(main: Path | None, old: str, new: str) -> None:
+    """Refuse, before anything moves, a merge the main checkout cannot follow (an untracked file where the
+    merge adds one): the branch and the checkout move together or not at all."""
+    if main is None:
+        return
+    done = git(main, "read-tree", "-n", "-m", "-u", old, new, check=False)
+    if done.returncode == 0:
+        return
+    text = done.stderr or done.stdout
+    # One "file 'x' would be overwritten" line per path, or (other git versions) a list of tab-led lines.
+    paths = sorted({*re.findall(r"file '(.+?)' would be overwritten", text),
+                    *(line.strip() for line in text.splitlines() if line.startswith("\t"))})
+    raise ToolError(f"the main checkout {main} cannot follow the merge: {text.strip()[:500]}",
+                    reason=Reason.UNTRACKED_IN_THE_WAY, paths=paths,
+                    advice=f"The operator moves those files out of {main}; then merge again.")
 
 
 def _conflicts(repo: Path, head: str, branch: str) -> tuple[str | None, list[str]]:
@@ -309,13 +345,47 @@ def overlapping(claims: dict[str, list[str]], items: list[str], but: str = "") -
     return out
 
 
-def _move(repo: Path, target: str, new: str, old: str, intent_id: str, main: Path | None) -> None:
-    """Move ``target`` from ``old`` to ``new`` and record the intent, in one ref transaction; then bring the
-    main worktree's files along when it has the target checked out."""
-    git(repo, "update-ref", "--stdin", stdin=(f"start\nupdate refs/heads/{target} {new} {old}\n"
-                                                f"create {intent_ref(intent_id)} {new}\nprepare\ncommit\n"))
+MERGE_RECORDS = "refs/arbiter/merges/"
+
+
+def merge_record_ref(intent_id: str) -> str:
+    """The ref that keeps who made the merge of intent ``intent_id`` (a blob: JSON)."""
+    return MERGE_RECORDS + hashlib.sha256(intent_id.encode()).hexdigest()[:40]
+
+
+def _move(repo: Path, target: str, new: str, old: str, intent_id: str, main: Path | None,
+          record: dict[str, Any] | None = None) -> None:
+    """Move ``target`` from ``old`` to ``new`` and record the intent (and, for a merge, who made it), in one
+    ref transaction; then bring the main worktree's files along when it has the target checked out."""
+    lines = [f"update refs/heads/{target} {new} {old}", f"create {intent_ref(intent_id)} {new}"]
+    if record is not None:
+        blob = git(repo, "hash-object", "-w", "--stdin", stdin=json.dumps(record, sort_keys=True)).stdout.strip()
+        lines.append(f"create {merge_record_ref(intent_id)} {blob}")
+    git(repo, "update-ref", "--stdin", stdin="start\n" + "\n".join(lines) + "\nprepare\ncommit\n")
     if main is not None:
         git(main, "read-tree", "-m", "-u", old, new)
+
+
+def merged_by(repo: Path, intent_id: str, merge: str) -> str | None:
+    """The agent that made the merge of ``intent_id`` (its record; for merges made before records were kept, the
+    merge commit's ``Arbiter-Agent`` trailer); None when it cannot be told."""
+    done = git(repo, "cat-file", "blob", merge_record_ref(intent_id), check=False)
+    if done.returncode == 0:
+        with contextlib.suppress(ValueError, AttributeError):
+            return str(json.loads(done.stdout)["agent_id"])
+    trailer = git(repo, "log", "-1", "--format=%(trailers:key=Arbiter-Agent,valueonly)", merge, check=False)
+    return trailer.stdout.strip() or None
+
+
+def _may_revert(repo: Path, call: ToolCall, merge_intent_id: str, merged: str) -> None:
+    """Only the compensation of a saga owned by the agent that merged reverts a merge (an operator aborts that
+    saga, or reverts by hand): no agent undoes another's work through the gateway."""
+    owner = merged_by(repo, merge_intent_id, merged)
+    if call.is_compensation and owner is not None and (call.saga_id or "").startswith(owned_saga_prefix(owner)):
+        return
+    who = "a saga's compensation" if call.is_compensation else f"{call.agent_id}, outside a saga's compensation"
+    raise ToolError(f"the merge of {merge_intent_id} was made by {owner or 'an agent this repository cannot tell'}; "
+                    f"{who} may not revert it", reason=Reason.NOT_YOUR_MERGE, merged_by=owner)
 
 
 def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
@@ -349,15 +419,17 @@ def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
         def work() -> dict[str, Any]:
             repo = repos.path(call.resource)
             branch, path = branch_of(call.agent_id), repos.sandbox_path(repo, call.agent_id)
-            if not valid_ref_name(args.base) or not valid_ref_name(branch):
-                raise ToolError(f"base {args.base!r} or branch {branch!r} is not a branch name this tool accepts")
+            _valid("base", args.base)
+            _valid("sandbox branch", branch)
             base = _commit(repo, args.base, "base")
             mine = next((s for s in repos.sandboxes(repo) if s["agent"] == call.agent_id), None)
             if mine is not None:
                 raise ToolError(f"{call.agent_id} has a sandbox of {call.resource} already, at {mine['path']}",
-                                sandbox=mine, advice="Work in it, merge it, or discard it first.")
+                                reason=Reason.SANDBOX_EXISTS, sandbox=mine,
+                                advice="Work in it, merge it, or discard it first.")
             if git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False).returncode == 0:
-                raise ToolError(f"branch {branch!r} exists without a sandbox: discard it (arbiter sandbox discard)")
+                raise ToolError(f"branch {branch!r} exists without a sandbox", reason=Reason.SANDBOX_EXISTS,
+                                advice="Discard it (sandbox_discard, arbiter sandbox discard), then make the sandbox.")
             path.parent.mkdir(parents=True, exist_ok=True)
             git(repo, "worktree", "add", "-b", branch, str(path), base)
             return {"repository": call.resource, "agent": call.agent_id, "path": str(path), "branch": branch,
@@ -399,7 +471,7 @@ def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
             patterns = sorted({p.strip() for p in args.paths if p.strip()})
             if any(len(p) > 500 or p.startswith("-") or "\0" in p or p.count("*") > 8 for p in patterns):
                 raise ToolError("a claimed path is a glob pattern of at most 500 characters and 8 wildcards, "
-                                "not starting with '-'")
+                                "not starting with '-'", reason=Reason.INVALID_ARGUMENTS)
             claims = read_claims(repos, repo)
             if patterns:
                 claims[call.agent_id] = patterns
@@ -424,22 +496,22 @@ def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
         def work() -> dict[str, Any]:
             repo = repos.path(call.resource)
             branch = branch_of(call.agent_id)
-            if not valid_ref_name(args.target):
-                raise ToolError(f"target {args.target!r} is not a branch name this tool accepts")
+            _valid("target", args.target)
             done = _recorded(repo, call.intent_id)
             if done is not None:  # redelivered after it merged: the same answer, nothing again
                 return {"repository": call.resource, "merged": branch, "target": args.target, "head": done,
                         "redelivered": True}
             head = _commit(repo, f"refs/heads/{args.target}", "target branch")
-            work_head = _commit(repo, f"refs/heads/{branch}", f"{call.agent_id}'s sandbox branch")
+            work_head = _commit(repo, f"refs/heads/{branch}", f"{call.agent_id}'s sandbox branch", Reason.NO_SANDBOX)
+            base = args.base or git(repo, "merge-base", head, work_head, check=False).stdout.strip() or None
             if args.expect_head is not None and args.expect_head != head:
                 raise ToolError(f"{args.target} moved from {args.expect_head[:12]} to {head[:12]} since it was "
                                 "checked", conflict=True, head=head, landed=_landed(repo, args.expect_head, head),
-                                advice="Check again on the new head (box.merge does), then merge.")
+                                advice="Merge again: the check runs again on the new head.")
             main = _check_target(repos, repo, args.target)
             if git(repo, "merge-base", "--is-ancestor", work_head, head, check=False).returncode == 0:
                 raise ToolError(f"nothing to merge: {branch} has no commit that {args.target} lacks",
-                                advice="Commit your work in the sandbox first.")
+                                reason=Reason.NOTHING_TO_MERGE, advice="Commit your work in the sandbox first.")
             fast = git(repo, "merge-base", "--is-ancestor", head, work_head, check=False).returncode == 0
             if args.strategy == "ff" and fast:
                 new = work_head
@@ -448,18 +520,21 @@ def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
                 if tree is None:
                     raise ToolError(f"merging {branch} into {args.target} conflicts in {len(conflicts)} path(s): "
                                     f"{', '.join(conflicts[:20])}", conflict=True, conflicts=conflicts, head=head,
-                                    landed=_landed(repo, args.base, head),
+                                    landed=_landed(repo, base, head),
                                     claimed_by=overlapping(read_claims(repos, repo), conflicts, but=call.agent_id),
-                                    advice="Rebase the sandbox onto the new head (box.rebase()), resolve "
-                                               "these paths, commit, and merge again.")
+                                    advice="Rebase your sandbox onto the new head (sandbox_rebase, arbiter sandbox "
+                                           "rebase, box.rebase()), resolve these paths, commit, and merge again.")
                 message = f"{args.message}\n\nArbiter-Intent: {call.intent_id}\nArbiter-Agent: {call.agent_id}\n"
                 new = git(repo, "commit-tree", tree, "-p", head, "-p", work_head, stdin=message).stdout.strip()
             result_tree = git(repo, "rev-parse", f"{new}^{{tree}}").stdout.strip()
             if args.expect_tree is not None and args.expect_tree != result_tree:
                 raise ToolError(f"the merge result is tree {result_tree[:12]}, not the checked {args.expect_tree[:12]}",
                                 conflict=True, head=head, tree=result_tree,
-                                advice="Check the merge result again on this head, then merge.")
-            _move(repo, args.target, new, head, call.intent_id, main)
+                                advice="Merge again: the check runs again on this head.")
+            _fits_checkout(main, head, new)
+            _move(repo, args.target, new, head, call.intent_id, main,
+                  {"intent_id": call.intent_id, "agent_id": call.agent_id, "saga_id": call.saga_id,
+                   "target": args.target, "previous": head, "head": new})
             return {"repository": call.resource, "merged": branch, "target": args.target, "head": new,
                     "previous": head, "tree": result_tree, "fast_forward": new == work_head,
                     "checked": args.check}
@@ -474,8 +549,7 @@ def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
 
         def work() -> dict[str, Any]:
             repo = repos.path(call.resource)
-            if not valid_ref_name(args.target):
-                raise ToolError(f"target {args.target!r} is not a branch name this tool accepts")
+            _valid("target", args.target)
             done = _recorded(repo, call.intent_id)
             if done is not None:
                 return {"repository": call.resource, "reverted": args.merge_intent_id, "head": done,
@@ -483,6 +557,7 @@ def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
             merged = _recorded(repo, args.merge_intent_id)
             if merged is None:
                 return {"repository": call.resource, "reverted": None, "note": "no such merge; nothing to undo"}
+            _may_revert(repo, call, args.merge_intent_id, merged)
             head = _commit(repo, f"refs/heads/{args.target}", "target branch")
             main = _check_target(repos, repo, args.target)
             parents = git(repo, "rev-list", "--parents", "-n", "1", merged).stdout.split()[1:]
@@ -494,12 +569,15 @@ def register_git_tools(registry: ToolRegistry, repos: Repos) -> None:
                 if git(scratch, *revert, check=False).returncode != 0:
                     paths = git(scratch, "diff", "--name-only", "--diff-filter=U").stdout.split()
                     raise ToolError(f"reverting the merge of {args.merge_intent_id} conflicts with what landed "
-                                    f"since: {', '.join(paths[:20])}", conflicts=paths, head=head,
-                                    advice="A human must undo it by hand.")
+                                    f"since: {', '.join(paths[:20])}", reason=Reason.REVERT_CONFLICT,
+                                    conflicts=paths, head=head, merge=merged,
+                                    advice=f"A person reverts it by hand: git revert -m 1 {merged}, resolving "
+                                           "these paths.")
                 new = _commit(scratch, "HEAD", "revert")
             finally:
                 git(repo, "worktree", "remove", "--force", str(scratch), check=False)
                 shutil.rmtree(scratch, ignore_errors=True)
+            _fits_checkout(main, head, new)
             _move(repo, args.target, new, head, call.intent_id, main)
             return {"repository": call.resource, "reverted": args.merge_intent_id, "merge": merged,
                     "before": before, "head": new, "previous": head}

@@ -10,18 +10,22 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from arbiter.schemas import SnapshotRequested, ToolIntent
+from arbiter.schemas.reasons import Reason
 from arbiter.streams.cores.gateway import ToolOutcome
 
 
 class ToolError(Exception):
     """A tool's expected failure (insufficient balance, say): nothing was applied.
 
-    ``conflict=True``: the resource moved under the intent (a merge that conflicts with what landed
-    since its base), answered ``version_conflict``; ``details`` go into the refusal's diagnostic."""
+    ``reason``: the refusal's code when the cause has one of its own (``target_dirty``, say), else
+    ``tool_failed``; ``conflict=True`` is ``version_conflict``: the resource moved under the intent (a
+    merge that conflicts with what landed since its base). ``details`` go into the refusal's diagnostic."""
 
-    def __init__(self, message: str, *, conflict: bool = False, **details: Any) -> None:
+    def __init__(self, message: str, *, conflict: bool = False, reason: Reason | None = None,
+                 **details: Any) -> None:
         super().__init__(message)
         self.conflict = conflict
+        self.reason = Reason.VERSION_CONFLICT if conflict else reason or Reason.TOOL_FAILED
         self.details = details
 
 
@@ -34,6 +38,9 @@ class ToolCall:
     resource: str
     token: int | None
     arguments: BaseModel
+    saga_id: str | None = None
+    is_compensation: bool = False
+    """True only for a saga's compensation (the trust gate lets only a worker's saga processor send one)."""
 
 
 ToolFn = Callable[[ToolCall], Awaitable[Any]]
@@ -118,11 +125,12 @@ class ToolRegistry:
     async def run(self, intent: ToolIntent, arguments: BaseModel) -> ToolOutcome:
         """Run an accepted intent's tool. Failures are outcomes, not exceptions."""
         tool = self._tools[intent.tool]
-        call = ToolCall(intent.intent_id, intent.agent_id, intent.resource, intent.token, arguments)
+        call = ToolCall(intent.intent_id, intent.agent_id, intent.resource, intent.token, arguments,
+                        intent.saga_id, intent.is_compensation)
         try:
             result = await tool.run(call)
         except ToolError as exc:
-            return ToolOutcome(False, error=str(exc), reason="version_conflict" if exc.conflict else "tool_failed",
+            return ToolOutcome(False, error=str(exc), reason=exc.reason.value,
                                details=tuple(sorted(exc.details.items())))
         except Exception as exc:  # a tool's bug must not take the partition down; record it
             return ToolOutcome(False, error=f"{type(exc).__name__}: {exc}")

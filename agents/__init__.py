@@ -18,8 +18,9 @@ from arbiter.agents.errors import (
 from arbiter.agents.leases import Lease
 from arbiter.agents.outcomes import Outcome, Snapshot
 from arbiter.agents.sagas import Saga
-from arbiter.agents.sandbox import CheckResult, Sandbox
+from arbiter.agents.sandbox import Sandbox
 from arbiter.agents.train import MergeTrain, TrainStats
+from arbiter.streams.tools.checks import CheckResult
 
 __all__ = [
     "ArbiterClient",

@@ -3,9 +3,10 @@
 ``async with client.sandbox("app") as box`` asks the worker to make the agent's worktree (branch
 ``arbiter/<agent>``) and gives its ``path`` and ``base`` commit. The agent edits and commits there as
 it likes; ``box.merge(message)`` queues for the repository's lease (``repo:<name>``: the merge
-queue), optionally runs a check on the merge result in a scratch worktree while it holds the lease,
-and sends the merge intent with its fencing token. A conflict comes back as ``version_conflict``
-with the paths; ``box.rebase()`` rebases the sandbox onto the new head and names what conflicts.
+queue), runs the repository's check (the operator's configuration, never the caller's) on the merge
+result in a scratch folder while it holds the lease, and sends the merge intent with its fencing token.
+A conflict comes back as ``version_conflict`` with the paths; ``box.rebase()`` rebases the sandbox onto
+the new head and names what conflicts.
 ``box.merge(message, train=train)`` joins a ``MergeTrain`` (``arbiter.agents.train``) instead: checked
 speculatively with the merges ahead of it, landed in order.
 """
@@ -14,12 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import shutil
-import signal
 import subprocess
-import tempfile
-import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
@@ -29,6 +25,8 @@ from typing import Any, Protocol
 from arbiter.agents.errors import SandboxRefused
 from arbiter.agents.leases import Lease
 from arbiter.agents.outcomes import Outcome
+from arbiter.edge.settings import Repository
+from arbiter.streams.tools.checks import CheckResult, run_check
 from arbiter.streams.tools.git import git
 
 
@@ -49,23 +47,6 @@ class Train(Protocol):
                     ) -> Outcome: ...
 
 
-CHECK_OUTPUT = 4000
-"""How much of a failing check's output an outcome keeps (its tail)."""
-
-
-@dataclass
-class CheckResult:
-    """What a check printed, and whether it passed."""
-
-    command: str
-    passed: bool
-    exit_code: int | None
-    seconds: float
-    output: str
-    tree: str = ""
-    """The tree the check ran on: what a merge that cites this check must produce."""
-
-
 @dataclass
 class Sandbox:
     """One agent's worktree of one repository."""
@@ -78,6 +59,9 @@ class Sandbox:
     base: str
     """The commit the sandbox started from."""
     target: str = "main"
+    config: Repository | None = None
+    """The repository as this process's operator configured it (its check); None: not configured here."""
+    check_user: str = ""
     merged: list[Outcome] = field(default_factory=list)
 
     async def _git(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -87,51 +71,45 @@ class Sandbox:
         """The target branch's head commit as this machine's repository has it."""
         return (await self._git("rev-parse", "--verify", f"refs/heads/{self.target}")).stdout.strip()
 
-    async def merge(self, message: str, *, check: str | Sequence[str] | None = None, check_timeout: float = 600.0,
-                    strategy: str = "merge", ttl: float = 60.0, wait: float = 600.0,
+    async def merge(self, message: str, *, strategy: str = "merge", ttl: float = 60.0, wait: float = 600.0,
                     intent_id: str | None = None, train: Train | None = None) -> Outcome:
         """Merge this sandbox's branch into the target, in the repository's queue.
 
-        Holds the lease on the repository (renewed while it works) so nothing else merges meanwhile.
-        With ``check`` (a shell command, or an argument list), the merge result is built in a scratch
-        worktree and the command run there first, for at most ``check_timeout`` seconds: a failing
-        check ends with an outcome ``check_failed`` (its output in the diagnostic) and merges nothing.
-        The merge that lands is the tree that was checked (``expect_tree``), or none.
+        Holds the lease on the repository (renewed while it works) so nothing else merges meanwhile. When
+        the operator configured a check for the repository (``repos.toml``), the merge result is built in a
+        scratch folder and the check run there first (``arbiter.streams.tools.checks``): a failing check
+        ends with an outcome ``check_failed`` (its output in the diagnostic) and merges nothing. The merge
+        that lands is the tree that was checked (``expect_tree``), or none. No caller names a command.
 
-        With ``train`` (a ``MergeTrain``, which has its own check), the merge joins that speculative
-        queue instead: checked in parallel with the merges ahead of it, landed in order.
+        With ``train`` (a ``MergeTrain``), the merge joins that speculative queue instead: checked in
+        parallel with the merges ahead of it, landed in order.
         """
         if train is not None:
-            if check is not None:
-                raise ValueError("a merge train runs its own check: pass check= to MergeTrain, not to merge")
             return await train.merge(self, message, strategy=strategy, intent_id=intent_id)
         async with self.client.lease(self.repository, ttl=ttl, wait=wait, mode="exclusive") as lease:
             expect, result = None, None
-            if check is not None:
+            if self.config is not None and self.config.check is not None:
                 expect = await self.head()
-                result = await self.run_check(check, expect, check_timeout, strategy)
+                result = await self.run_check(expect, strategy)
                 if result is not None and not result.passed:
-                    return Outcome(intent_id or "", self.repository, "merge", False, reason="check_failed",
-                                   diagnostic={"reason": "check_failed", "check": result.__dict__,
-                                               "what_to_do": "Fix what the check reports in the sandbox, commit, "
-                                                             "and merge again."})
+                    return check_failed(intent_id or "", self.repository, result)
             args: dict[str, Any] = {"message": message, "target": self.target, "strategy": strategy,
                                     "base": self.base, "expect_head": expect}
-            if check is not None and result is not None:
+            if result is not None:
                 args |= {"expect_tree": result.tree, "check": result.command[:2000]}
             outcome = await self.client.execute(lease, "merge", args, intent_id=intent_id)
         if outcome.applied:
             self.merged.append(outcome)
         return outcome
 
-    async def run_check(self, check: str | Sequence[str], head: str, timeout: float,
-                        strategy: str = "merge") -> CheckResult | None:
-        """Run ``check`` on the merge of this branch into ``head``, in a scratch worktree; None when the
-        merge conflicts (the worker will say so, with the paths)."""
+    async def run_check(self, head: str, strategy: str = "merge") -> CheckResult | None:
+        """Run the repository's check on the merge of this branch into ``head``, in a scratch folder; None
+        when the merge conflicts (the worker will say so, with the paths)."""
+        assert self.config is not None
         candidate = await asyncio.to_thread(self.candidate, head, strategy)
         if candidate is None:
             return None
-        return await run_check(self.path, check, candidate[1], timeout)
+        return await run_check(self.path, candidate[1], self.config, check_user=self.check_user)
 
     def candidate(self, head: str, strategy: str = "merge") -> tuple[str, str] | None:
         """(tree, commit) of what merging this branch into commit ``head`` would give, as the merge tool
@@ -177,43 +155,18 @@ class Sandbox:
         return int(done.stdout.strip() or 0)
 
 
-async def run_check(repo: Path, check: str | Sequence[str], commit: str, timeout: float) -> CheckResult:
-    """Run ``check`` (a shell command or an argument list) in a scratch worktree of ``commit``, for at most
-    ``timeout`` seconds; cancelling it kills the command's process group."""
-    scratch = Path(tempfile.mkdtemp(prefix="arbiter-check-"))
-    started = time.monotonic()
-    tree = (await asyncio.to_thread(git, repo, "rev-parse", f"{commit}^{{tree}}")).stdout.strip()
-    proc: asyncio.subprocess.Process | None = None
-    try:
-        await asyncio.to_thread(git, repo, "worktree", "add", "--detach", str(scratch), commit)
-        proc = await asyncio.create_subprocess_exec(
-            *(["/bin/sh", "-c", check] if isinstance(check, str) else list(check)), cwd=scratch,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
-        try:
-            out, _ = await asyncio.wait_for(proc.communicate(), timeout)
-            code: int | None = proc.returncode
-        except TimeoutError:
-            _kill(proc)
-            out, _ = await proc.communicate()
-            code = None
-            out += f"\n(check stopped after {timeout:g} s)".encode()
-    except BaseException:
-        if proc is not None and proc.returncode is None:
-            _kill(proc)
-            await proc.wait()
-        raise
-    finally:
-        await asyncio.shield(asyncio.to_thread(git, repo, "worktree", "remove", "--force", str(scratch), check=False))
-        shutil.rmtree(scratch, ignore_errors=True)
-    command = check if isinstance(check, str) else " ".join(check)
-    return CheckResult(command, code == 0, code, round(time.monotonic() - started, 3),
-                       out.decode(errors="replace")[-CHECK_OUTPUT:], tree)
+def check_failed(intent_id: str, repository: str, result: CheckResult) -> Outcome:
+    """The outcome of a merge whose check failed: nothing merged; the output in the diagnostic."""
+    return Outcome(intent_id, repository, "merge", False, reason="check_failed",
+                   diagnostic={"reason": "check_failed", "check": result.to_dict(),
+                               "what_to_do": "Fix what the check reports in the sandbox, commit, and merge again."})
 
 
-def _kill(proc: asyncio.subprocess.Process) -> None:
-    """Kill a check and everything it started (it runs in a session of its own)."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def repository_config(settings: Any, resource: str) -> tuple[Repository | None, str]:
+    """The repository's configuration in ``settings`` (this process's), and the check user (None: none)."""
+    if settings is None:
+        return None, ""
+    return settings.repositories().get(resource.removeprefix("repo:")), settings.check_user
 
 
 async def open_sandbox(client: SandboxHost, repository: str, base: str, ttl: float, wait: float) -> Sandbox:
@@ -224,7 +177,9 @@ async def open_sandbox(client: SandboxHost, repository: str, base: str, ttl: flo
     if not outcome.applied:
         raise SandboxRefused(outcome)
     result = outcome.result
-    return Sandbox(client, resource, Path(result["path"]), result["branch"], result["base"], target=base)
+    config, user = repository_config(getattr(client, "settings", None), resource)
+    return Sandbox(client, resource, Path(result["path"]), result["branch"], result["base"], target=base,
+                   config=config, check_user=user)
 
 
 async def discard_sandbox(box: Sandbox, ttl: float = 30.0, wait: float = 600.0) -> Outcome:

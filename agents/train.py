@@ -4,7 +4,7 @@
 check runs, so each merge waits for the checks of every merge ahead of it. A ``MergeTrain`` does what
 Zuul and Mergify do, with the gateway as the only writer::
 
-    train = MergeTrain("pytest -q", depth=4)
+    train = MergeTrain(depth=4)             # the check is the repository's (repos.toml)
     outcome = await box.merge("ann: login", train=train)   # from each agent, at once
 
 - Entry *k*'s check runs on the merge of *k* on top of the merges of every entry ahead of it, so the
@@ -29,12 +29,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from arbiter.agents.outcomes import Outcome
-from arbiter.agents.sandbox import CheckResult, Sandbox, run_check
+from arbiter.agents.sandbox import Sandbox, check_failed
+from arbiter.streams.tools.checks import CheckResult, run_check
 
 REPLANS = 20
 """How many times one entry's landing may meet a moved head before the train gives it that answer."""
@@ -66,13 +66,10 @@ class TrainStats:
 class MergeTrain:
     """A speculative merge queue for one repository (see the module's text)."""
 
-    def __init__(self, check: str | Sequence[str], *, depth: int = 4, check_timeout: float = 600.0,
-                 ttl: float = 60.0, wait: float = 600.0) -> None:
+    def __init__(self, *, depth: int = 4, ttl: float = 60.0, wait: float = 600.0) -> None:
         if depth < 1:
             raise ValueError("a merge train checks at least one merge at a time (depth >= 1)")
-        self.check = check
         self.depth = depth
-        self.check_timeout = check_timeout
         self.ttl = ttl
         self.wait = wait
         self.stats = TrainStats()
@@ -87,6 +84,9 @@ class MergeTrain:
         Cancelling the call leaves the train, unless its merge is already being sent."""
         if self._entries and self._entries[0].box.repository != box.repository:
             raise ValueError(f"this train merges into {self._entries[0].box.repository}, not {box.repository}")
+        if box.config is None or box.config.check is None:
+            raise ValueError(f"{box.repository} has no check configured here (repos.toml): a train has nothing "
+                             "to check; merge with box.merge(message)")
         entry = _Entry(box, message, strategy, intent_id or uuid.uuid4().hex,
                        asyncio.get_running_loop().create_future())
         self._entries.append(entry)
@@ -137,7 +137,9 @@ class MergeTrain:
     async def _check(self, entry: _Entry, commit: str) -> CheckResult:
         running = sum(1 for task in self._checks.values() if not task.done())
         self.stats.most_at_once = max(self.stats.most_at_once, running)
-        return await run_check(entry.box.path, self.check, commit, self.check_timeout)
+        config = entry.box.config
+        assert config is not None
+        return await run_check(entry.box.path, commit, config, check_user=entry.box.check_user)
 
     async def _prune(self, wanted: set[str]) -> None:
         """Forget the checks of trees no plan needs any more, killing those still running."""
@@ -195,11 +197,7 @@ class MergeTrain:
             if not result.passed:
                 self._checks.pop(tree, None)
                 self.stats.evicted.append(front.intent_id)
-                self._finish(front, Outcome(front.intent_id, front.box.repository, "merge", False,
-                                            reason="check_failed",
-                                            diagnostic={"reason": "check_failed", "check": result.__dict__,
-                                                        "what_to_do": "Fix what the check reports in the "
-                                                                      "sandbox, commit, and merge again."}))
+                self._finish(front, check_failed(front.intent_id, front.box.repository, result))
                 return
         outcome = await self._land(front, head, result)
         if (not outcome.applied and outcome.reason == "version_conflict" and "conflicts" not in outcome.diagnostic

@@ -110,7 +110,7 @@ def pre_tool_use(ctx: click.Context, agent: str, timeout: float) -> None:
         beat.touch()
         if not written_paths(payload):
             return  # a read, or nothing to check: no answer lets the agent's own permissions decide
-        repos = settings.parse_repos(settings.repos)
+        repos = {name: repository.path for name, repository in settings.repositories().items()}
     except Exception as error:  # a broken setting or home: block, say so, no traceback
         block(f"cannot load Arbiter's settings: {error}.")
         return

@@ -52,6 +52,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """Environment that gives a child process these settings."""
     env = dict(os.environ)
     for name, value in settings.model_dump(exclude={"topics", "worker_id"}).items():
+        if value is None:  # unset: the child's default, as here (str(None) would be a value)
+            env.pop(f"ARBITER_{name.upper()}", None)
+            continue
         env[f"ARBITER_{name.upper()}"] = str(value.resolve() if isinstance(value, Path) else value)
     for name, topic in settings.topics.model_dump().items():
         env[f"ARBITER_TOPICS__{name.upper()}"] = topic

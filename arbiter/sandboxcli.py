@@ -22,7 +22,10 @@ from .console import fail, say, settings_of
 
 def _repo(ctx: click.Context, given: str) -> tuple[str, Path]:
     settings = settings_of(ctx)
-    repos = settings.parse_repos(settings.repos)
+    try:
+        repos = {name: repository.path for name, repository in settings.repositories().items()}
+    except ValueError as exc:
+        fail(str(exc), "fix the repository configuration (ARBITER_REPOS, repos.toml)")
     if given.removeprefix("repo:") in repos:
         name = given.removeprefix("repo:")
         return name, repos[name]
@@ -31,8 +34,31 @@ def _repo(ctx: click.Context, given: str) -> tuple[str, Path]:
         if path.expanduser().resolve() == wanted:
             return name, path
     known = ", ".join(f"{n}={p}" for n, p in sorted(repos.items())) or "none"
-    fail(f"no repository {given!r} is configured (ARBITER_REPOS: {known})",
-         "set ARBITER_REPOS=name=path, the same for the workers and for this command")
+    fail(f"no repository {given!r} is configured (known: {known})",
+         "configure it for the workers and for this command alike: ARBITER_REPOS=name=path, or a "
+         "[repos.<name>] table in repos.toml")
+
+
+def _own_box(ctx: click.Context, client: Any, name: str, path: Path, agent: str, target: str = "main") -> Any:
+    """AGENT's sandbox of the repository, as this machine has it (None: it has none), with the repository's
+    configuration and the commit the sandbox's work started from (where it meets the target)."""
+    from arbiter.agents.sandbox import Sandbox, repository_config
+    from arbiter.streams.tools.git import Repos, branch_of, git
+
+    settings = settings_of(ctx)
+    mine = next((b for b in Repos({name: path}, settings.sandbox_root).sandboxes(path) if b["agent"] == agent), None)
+    if mine is None:
+        return None
+    base = git(Path(mine["path"]), "merge-base", f"refs/heads/{target}", f"refs/heads/{branch_of(agent)}",
+               check=False).stdout.strip()
+    config, user = repository_config(settings, name)
+    return Sandbox(client, f"repo:{name}", Path(mine["path"]), branch_of(agent), base, target=target,
+                   config=config, check_user=user)
+
+
+def _no_sandbox(name: str, agent: str) -> None:
+    _answer({"reason": "no_sandbox", "detail": f"{agent} has no sandbox of repo:{name}",
+             "what_to_do": f"arbiter sandbox create --repo {name} --agent {agent}"}, "refused")
 
 
 def _call(ctx: click.Context, agent: str, work: Any) -> Any:
@@ -96,38 +122,51 @@ def list_(ctx: click.Context, repo: str) -> None:
 @_agent_option
 @click.option("-m", "--message", required=True, help="The merge commit's message.")
 @click.option("--target", default="main", show_default=True)
-@click.option("--check", default=None, help="A shell command run on the merge result (a scratch worktree) "
-                                            "before it lands; failing, nothing merges.")
-@click.option("--check-timeout", type=float, default=600.0, show_default=True, help="Seconds the check may take.")
 @click.option("--ff", is_flag=True, help="Fast-forward when the target has not moved (else a merge commit).")
 @click.pass_context
-def merge(ctx: click.Context, repo: str, agent: str, message: str, target: str, check: str | None,
-          check_timeout: float, ff: bool) -> None:
-    """Merge AGENT's sandbox into the target, in the repository's queue: one JSON object; exit 1 on a
-    conflict (its paths in "conflicts") or a failing check."""
+def merge(ctx: click.Context, repo: str, agent: str, message: str, target: str, ff: bool) -> None:
+    """Merge AGENT's sandbox into the target, in the repository's queue, after the repository's check (its
+    configuration, set by the operator) passes on the result: one JSON object; exit 1 on a conflict (its
+    paths in "conflicts") or a failing check."""
     from arbiter.agents import ArbiterClient
-    from arbiter.agents.sandbox import Sandbox
-    from arbiter.streams.tools.git import Repos, branch_of
 
     name, path = _repo(ctx, repo)
-    settings = settings_of(ctx)
-    mine = next((b for b in Repos({name: path}, settings.sandbox_root).sandboxes(path) if b["agent"] == agent), None)
-    if mine is None:
-        _answer({"reason": "no_sandbox", "detail": f"{agent} has no sandbox of repo:{name}",
-                 "what_to_do": f"arbiter sandbox create --repo {name} --agent {agent}"}, "refused")
-        return
 
     async def run() -> Any:
-        async with ArbiterClient(agent, settings) as client:
-            box = Sandbox(client, f"repo:{name}", Path(mine["path"]), branch_of(agent), "", target=target)
-            return await box.merge(message, check=check, check_timeout=check_timeout,
-                                   strategy="ff" if ff else "merge")
+        async with ArbiterClient(agent, settings_of(ctx)) as client:
+            box = await asyncio.to_thread(_own_box, ctx, client, name, path, agent, target)
+            if box is None:
+                return None
+            return await box.merge(message, strategy="ff" if ff else "merge")
 
     outcome = _call(ctx, agent, run())
-    if outcome.applied:
+    if outcome is None:
+        _no_sandbox(name, agent)
+    elif outcome.applied:
         _answer({"merged": True, **outcome.result})
     else:
         _answer({"merged": False, "reason": outcome.reason, **outcome.diagnostic}, "refused")
+
+
+@sandbox.command("rebase")
+@_repo_option
+@_agent_option
+@click.option("--target", default="main", show_default=True)
+@click.pass_context
+def rebase(ctx: click.Context, repo: str, agent: str, target: str) -> None:
+    """Rebase AGENT's sandbox onto the target's head: {"rebased": true}, or exit 1 with the paths that still
+    conflict (the rebase is then undone: the sandbox is as it was)."""
+    name, path = _repo(ctx, repo)
+    box = _own_box(ctx, None, name, path, agent, target)  # git in the sandbox only: no Kafka needed
+    if box is None:
+        _no_sandbox(name, agent)
+        return
+    conflicts = asyncio.run(box.rebase())
+    if conflicts:
+        _answer({"rebased": False, "reason": "rebase_conflict", "conflicts": conflicts,
+                 "what_to_do": "The rebase was undone. Edit those paths to fit the new head (git merge "
+                               f"{target} in the sandbox, resolve, commit), then merge again."}, "refused")
+    _answer({"rebased": True, "repository": box.repository, "agent": agent, "base": box.base})
 
 
 @sandbox.command("claims")

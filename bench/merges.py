@@ -3,7 +3,8 @@
 - Throughput: ``--agents`` coding agents (4) each make a sandbox of one real repository, commit a
   small change to a file of their own, and merge it through a real worker, ``--rounds`` times (3),
   all at once: merges per second without a check, and with a 1 s check (``sleep 1`` on the merge
-  result) two ways: serial (``box.merge(check=...)``: the repository's lease is the queue, so each
+  result, the repository's check in a ``repos.toml``) two ways: serial (``box.merge``: the repository's
+  lease is the queue, so each
   merge waits for the checks of all those ahead) and speculative (one ``MergeTrain`` of depth
   ``--agents``: each merge checked on top of those ahead of it, at once, landed in order).
 - Preflight: ``git merge-tree --write-tree`` of a one-file change against a head that moved, in
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import tempfile
@@ -71,9 +73,12 @@ def preflight(sizes: list[int]) -> None:
 async def throughput(agents: int, rounds: int, check: str | None, speculative: bool = False) -> float:
     with tempfile.TemporaryDirectory() as folder:
         repo = make_repo(Path(folder), 100)
-        async with bench_arbiter(repos=f"app={repo}") as settings:
+        config = Path(folder) / "repos.toml"
+        config.write_text(f"[repos.app]\npath = {json.dumps(str(repo))}\n"
+                          + (f"check = {json.dumps(check)}\ncheck_timeout_seconds = 60\n" if check else ""))
+        async with bench_arbiter(repos_file=config) as settings:
             merged: list[float] = []
-            train = MergeTrain(check, depth=agents, check_timeout=60) if speculative and check else None
+            train = MergeTrain(depth=agents) if speculative and check else None
 
             async def agent(i: int) -> None:
                 async with ArbiterClient(f"coder-{i}", settings) as client, client.sandbox("app") as box:
@@ -87,7 +92,7 @@ async def throughput(agents: int, rounds: int, check: str | None, speculative: b
                         if train is not None:
                             outcome = await box.merge(f"coder-{i}: round {r}", train=train)
                         else:
-                            outcome = await box.merge(f"coder-{i}: round {r}", check=check, check_timeout=60)
+                            outcome = await box.merge(f"coder-{i}: round {r}")
                         if not outcome.applied:
                             raise SystemExit(f"a merge was refused: {outcome.diagnostic}")
                         merged.append(time.perf_counter())

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -53,6 +55,20 @@ def isolated_settings(bootstrap: str, tmp_home: Path, **overrides: object) -> Se
     settings = Settings(**values)  # type: ignore[arg-type]
     _THROWAWAY.append(settings)
     return settings
+
+
+@pytest.fixture
+def shared() -> Iterator[Path]:
+    """A folder every user can reach (pytest's own are root's alone), with ``open/`` that every user may
+    write: what a check could touch if nothing stopped it."""
+    folder = Path(tempfile.mkdtemp(prefix="arbiter-test-checks-"))
+    folder.chmod(0o755)
+    (folder / "open").mkdir()
+    (folder / "open").chmod(0o777)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def share_broker_jars(home: Path) -> Path:

@@ -69,7 +69,10 @@ def kafka_settings(bootstrap: str, tmp_path: Path) -> Settings:
 
     from .conftest import isolated_settings
 
-    settings = isolated_settings(bootstrap, tmp_path, repos=f"app={tmp_path / 'reader' / 'app'}")
+    # As the operator's repos.toml says it before the worker starts; the README's block writes it again, with
+    # the repository's check.
+    (tmp_path / "repos.toml").write_text(f'[repos.app]\npath = "{tmp_path / "reader" / "app"}"\n')
+    settings = isolated_settings(bootstrap, tmp_path)
     asyncio.run(ensure_topics(settings))
     return settings
 

@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import json
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -28,10 +27,22 @@ from .test_git_tools import commit, make_repo, sh
 pytestmark = pytest.mark.kafka
 
 
+def repos_file(home: Path, repo: Path, check: str | None = None, **options: object) -> Path:
+    """The operator's configuration of ``app`` at ``repo``, with its check."""
+    lines = ["[repos.app]", f"path = {json.dumps(str(repo))}"]
+    if check is not None:
+        lines.append(f"check = {json.dumps(check)}")
+    lines += [f"{name} = {json.dumps(value)}" for name, value in options.items()]
+    path = home / "repos.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 async def _stack(bootstrap: str, tmp_path: Path, env: dict[str, str] | None = None,
-                 partitions: int = 2) -> tuple[Settings, WorkerPool, Path]:
+                 partitions: int = 2, check: str | None = None) -> tuple[Settings, WorkerPool, Path]:
     repo = make_repo(tmp_path)
-    settings = isolated_settings(bootstrap, tmp_path, repos=f"app={repo}", partitions=partitions)
+    settings = isolated_settings(bootstrap, tmp_path, repos_file=repos_file(tmp_path, repo, check),
+                                 partitions=partitions)
     await ensure_topics(settings)
     pool = WorkerPool(settings)
     await start_worker(settings, pool, env)
@@ -39,8 +50,11 @@ async def _stack(bootstrap: str, tmp_path: Path, env: dict[str, str] | None = No
 
 
 @pytest.fixture
-async def stack(bootstrap: str, tmp_path: Path) -> AsyncIterator[tuple[Settings, Path]]:
-    settings, pool, repo = await _stack(bootstrap, tmp_path)
+async def stack(bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest
+                ) -> AsyncIterator[tuple[Settings, Path]]:
+    """A worker serving ``app``; a test marked ``repository_check(command)`` configures that check."""
+    marker = request.node.get_closest_marker("repository_check")
+    settings, pool, repo = await _stack(bootstrap, tmp_path, check=marker.args[0] if marker else None)
     try:
         yield settings, repo
     finally:
@@ -97,18 +111,20 @@ async def test_a_conflict_names_its_paths_the_rebase_says_so_and_the_redone_work
     await assert_clean_audit(settings)
 
 
+@pytest.mark.repository_check("python3 broken.py && echo fine")
 async def test_a_failing_check_merges_nothing_and_a_passing_one_merges(stack: tuple[Settings, Path]) -> None:
     settings, repo = stack
     head = sh(repo, "rev-parse", "main")
     async with ArbiterClient("cat", settings) as cat, cat.sandbox("app", keep=False) as box:
         commit(box.path, "broken.py", "raise SystemExit(3)\n", "cat: breaks the build")
-        failed = await box.merge("cat", check="python3 broken.py && echo fine", check_timeout=60)
+        failed = await box.merge("cat")
         assert not failed.applied and failed.reason == "check_failed"
         assert failed.diagnostic["check"]["exit_code"] == 3
+        assert failed.diagnostic["check"]["command"] == "python3 broken.py && echo fine"
         assert sh(repo, "rev-parse", "main") == head, "nothing merged"
         commit(box.path, "broken.py", "print('fixed')\n", "cat: fixes it")
-        passed = await box.merge("cat", check=["python3", "broken.py"])
-        assert passed.applied, passed.diagnostic
+        passed = await box.merge("cat")
+        assert passed.applied and passed.result["checked"] == "python3 broken.py && echo fine", passed.diagnostic
     await assert_clean_audit(settings)
 
 
@@ -171,6 +187,7 @@ async def test_a_worker_killed_mid_merge_leaves_it_merged_once(bootstrap: str, t
 
 
 def test_the_repository_setting_is_checked(tmp_path: Path) -> None:
+    assert Settings(repos=f"app={tmp_path}").repositories()["app"].path == tmp_path
     with pytest.raises(ValueError, match="name=path"):
         Settings(repos="app")
     with pytest.raises(ValueError, match="letters, digits"):
@@ -243,10 +260,14 @@ async def test_claude_codes_worktree_hook_gets_only_the_sandbox_path(stack: tupl
     assert again.returncode == 1 and again.stdout == "" and "already" in again.stderr
 
 
-CHECK = """\
-import json, os, subprocess, sys, time
+CHECK = """\\
+import hashlib, json, os, sys, time
 started = time.time()
-tree = subprocess.run(["git", "rev-parse", "HEAD^{tree}"], capture_output=True, text=True).stdout.strip()
+digest = hashlib.sha256()  # what git's tree of these files is, for the test to match (no .git here)
+for path in sorted(os.path.relpath(os.path.join(root, name), ".") for root, _, files in os.walk(".")
+                   for name in files):
+    digest.update(path.encode() + b"\\0" + open(path, "rb").read() + b"\\0")
+tree = digest.hexdigest()
 open(sys.argv[1] + ".started", "a").write(tree + "\\n")
 time.sleep(float(sys.argv[2]))
 passed = not os.path.exists("bad.txt")
@@ -257,10 +278,23 @@ sys.exit(0 if passed else 1)
 """
 
 
-def _check(tmp_path: Path, seconds: float) -> tuple[str, Path]:
-    script, log = tmp_path / "check.py", tmp_path / "checks.jsonl"
+def _tree_digest(repo: Path, tree: str) -> str:
+    """``CHECK``'s digest of a git tree's files."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(sh(repo, "ls-tree", "-r", "--name-only", tree).splitlines()):
+        body = subprocess.run(["git", "-C", str(repo), "cat-file", "blob", f"{tree}:{path}"], check=True,
+                              capture_output=True).stdout
+        digest.update(path.encode() + b"\0" + body + b"\0")
+    return digest.hexdigest()
+
+
+def _check(shared: Path, seconds: float) -> tuple[str, Path]:
+    """The check's command and its log, both where the check's user (nobody, under root) can reach them."""
+    script, log = shared / "check.py", shared / "open" / "checks.jsonl"
     script.write_text(CHECK)
-    return f"{sys.executable} {script} {log} {seconds}", log
+    return f"python3 {script} {log} {seconds}", log
 
 
 def _wait_for(path: Path, timeout: float = 60.0) -> None:
@@ -275,11 +309,12 @@ def _most_at_once(runs: list[dict[str, Any]]) -> int:
 
 
 async def test_a_merge_train_checks_at_once_lands_in_order_and_evicts_only_the_culprit(
-        stack: tuple[Settings, Path], tmp_path: Path) -> None:
+        stack: tuple[Settings, Path], shared: Path) -> None:
     settings, repo = stack
-    command, log = _check(tmp_path, 0.6)
+    command, log = _check(shared, 0.6)
+    repos_file(settings.home, repo, command, check_timeout_seconds=60)  # the operator sets the check
     names = [f"coder-{i}" for i in range(4)]
-    async with contextlib.AsyncExitStack() as stack_, MergeTrain(command, depth=4, check_timeout=60) as train:
+    async with contextlib.AsyncExitStack() as stack_, MergeTrain(depth=4) as train:
         boxes = []
         for name in names:
             client = await stack_.enter_async_context(ArbiterClient(name, settings))
@@ -301,7 +336,8 @@ async def test_a_merge_train_checks_at_once_lands_in_order_and_evicts_only_the_c
     assert not (repo / "bad.txt").exists() and all((repo / f"{n}.txt").exists() for n in names if n != "coder-1")
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     passed = {run["tree"] for run in runs if run["passed"]}
-    assert all(o.result["tree"] in passed for o in outcomes if o.applied), "each landed tree is one that passed"
+    assert all(_tree_digest(repo, o.result["tree"]) in passed for o in outcomes if o.applied), \
+        "each landed tree is one that passed"
     assert _most_at_once(runs) >= 2, "checks ran speculatively, at once"
     behind = [run for run in runs if "coder-3.txt" in run["files"]]
     assert any("bad.txt" in run["files"] for run in behind) and any("bad.txt" not in run["files"] for run in behind), \
@@ -310,12 +346,13 @@ async def test_a_merge_train_checks_at_once_lands_in_order_and_evicts_only_the_c
 
 
 async def test_a_merge_train_plans_again_when_main_moves_outside_it(
-        stack: tuple[Settings, Path], tmp_path: Path) -> None:
-    settings, _ = stack
-    command, log = _check(tmp_path, 1.0)
+        stack: tuple[Settings, Path], shared: Path) -> None:
+    settings, repo = stack
+    command, log = _check(shared, 1.0)
+    repos_file(settings.home, repo, command, check_timeout_seconds=60)
     async with ArbiterClient("ivy", settings) as ivy, ArbiterClient("jon", settings) as jon, \
             ivy.sandbox("app", keep=False) as a, jon.sandbox("app", keep=False) as b, \
-            MergeTrain(command, depth=2, check_timeout=60) as train:
+            MergeTrain(depth=2) as train:
         commit(a.path, "ivy.txt", "ivy\n", "ivy: in the train")
         commit(b.path, "jon.txt", "jon\n", "jon: outside it")
         in_train = asyncio.create_task(a.merge("ivy: merge", train=train))
@@ -328,5 +365,46 @@ async def test_a_merge_train_plans_again_when_main_moves_outside_it(
     assert landed.result["previous"] == outside.result["head"], "ivy landed on jon's merge, not on the old head"
     runs = [json.loads(line) for line in log.read_text().splitlines()]
     checked = {run["tree"] for run in runs if run["passed"]}
-    assert landed.result["tree"] in checked and len(runs) >= 2, "checked again on the moved head before landing"
+    assert _tree_digest(repo, landed.result["tree"]) in checked and len(runs) >= 2, \
+        "checked again on the moved head before landing"
     await assert_clean_audit(settings)
+
+
+async def test_a_cli_conflict_names_what_landed_and_the_cli_rebases(stack: tuple[Settings, Path]) -> None:
+    """From a shell: the conflict lists the merge that landed since the sandbox's base (it answered [] when
+    the CLI sent no base), its advice names a rebase the CLI has, and ``arbiter sandbox rebase`` does it."""
+    import sys
+
+    from arbiter.agents.identities import Registrar
+    from arbiter.processes import settings_env
+
+    settings, _ = stack
+    env = {**settings_env(settings), "ARBITER_AUTO_ENROLL": "false"}
+    for name in ("fay", "gus"):
+        await Registrar(settings).add(name)
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "arbiter", "sandbox", *args], env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    boxes = {}
+    for name in ("fay", "gus"):
+        made = await asyncio.to_thread(cli, "create", "--repo", "app", "--agent", name)
+        assert made.returncode == 0, made.stderr
+        boxes[name] = Path(json.loads(made.stdout)["path"])
+        commit(boxes[name], "auth.py", f"def login():\n    return '{name}'\n", f"{name}: login")
+    assert (await asyncio.to_thread(cli, "merge", "--repo", "app", "--agent", "fay", "-m", "fay")).returncode == 0
+    conflict = await asyncio.to_thread(cli, "merge", "--repo", "app", "--agent", "gus", "-m", "gus")
+    answer = json.loads(conflict.stdout)
+    assert conflict.returncode == 1 and answer["reason"] == "version_conflict" and answer["conflicts"] == ["auth.py"]
+    assert "fay: login" in [c["subject"] for c in answer["landed"]], answer["landed"]
+    assert "arbiter sandbox rebase" in answer["advice"], answer["advice"]
+    rebase = await asyncio.to_thread(cli, "rebase", "--repo", "app", "--agent", "gus")
+    assert rebase.returncode == 1 and json.loads(rebase.stdout)["conflicts"] == ["auth.py"], rebase.stdout
+    assert sh(boxes["gus"], "status", "--porcelain") == "", "the rebase was undone"
+    sh(boxes["gus"], "reset", "-q", "--hard", "main")
+    commit(boxes["gus"], "gus.txt", "gus\n", "gus: on the new head")
+    rebased = await asyncio.to_thread(cli, "rebase", "--repo", "app", "--agent", "gus")
+    assert rebased.returncode == 0 and json.loads(rebased.stdout)["rebased"], rebased.stdout
+    merged = await asyncio.to_thread(cli, "merge", "--repo", "app", "--agent", "gus", "-m", "gus, again")
+    assert merged.returncode == 0, merged.stdout

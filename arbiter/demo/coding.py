@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,8 +20,8 @@ from arbiter.edge.settings import Settings
 
 FILE = "calc.py"
 ORIGINAL = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n"
-CHECK = f"{sys.executable} -c 'import calc; assert calc.add(2, 3) == 5 and calc.sub(5, 3) == 2'"
-"""The repository's tests: what a merge must pass."""
+CHECK = "python3 -c 'import calc; assert calc.add(2, 3) == 5 and calc.sub(5, 3) == 2'"
+"""The repository's tests: what a merge must pass (its check, in the run's repos.toml)."""
 
 
 def _ada(text: str) -> str:
@@ -101,7 +100,7 @@ async def safe_story(settings: Settings, enroll: Callable[[str], object]) -> Cod
     awaits the settings a coding agent signs with."""
     from arbiter.agents import ArbiterClient
 
-    repo = Settings.parse_repos(settings.repos)["demo"]
+    repo = settings.repositories()["demo"].path
     result = CodingResult()
 
     async def agent(name: str) -> None:
@@ -113,7 +112,7 @@ async def safe_story(settings: Settings, enroll: Callable[[str], object]) -> Cod
             await asyncio.to_thread(path.write_text, change(path.read_text()))
             await asyncio.to_thread(_git, box.path, "commit", "-qam", f"{name}: {what}", who=name)
             await asyncio.sleep(0.8 - start)  # they all think for a while: their merges meet in the queue
-            outcome = await box.merge(f"{name}: {what}", check=CHECK, check_timeout=60)
+            outcome = await box.merge(f"{name}: {what}")
             if outcome.reason == "version_conflict":
                 paths = outcome.diagnostic.get("conflicts", [])
                 still = await box.rebase()
@@ -124,7 +123,7 @@ async def safe_story(settings: Settings, enroll: Callable[[str], object]) -> Cod
                 await asyncio.to_thread(path.write_text, change(path.read_text()))
                 await asyncio.to_thread(_git, box.path, "commit", "-qam", f"{name}: {what}, on the new head",
                                         who=name)
-                outcome = await box.merge(f"{name}: {what}", check=CHECK, check_timeout=60)
+                outcome = await box.merge(f"{name}: {what}")
             if outcome.applied:
                 result.steps.append(f"{name}: merged ({str(outcome.result['head'])[:10]})")
             else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +76,7 @@ async def coding_story(settings: Settings) -> Any:
     """The coding story with Arbiter, its agents enrolled like the swarm's (allowed repo: only)."""
     from arbiter.demo.coding import make_repo, safe_story
 
-    make_repo(Settings.parse_repos(settings.repos)["demo"])
+    make_repo(settings.repositories()["demo"].path)
     return await safe_story(settings, lambda name: _enroll(settings, name, ["repo:"]))
 
 
@@ -247,6 +248,15 @@ def print_rogue(report: Any) -> None:
                     "or were refused for the wrong reason): the trust boundary is broken", fg="red", bold=True)
 
 
+def repos_file(path: Path, repository: Path) -> Path:
+    """The demo's repository configuration: ``demo`` at ``repository``, with the story's check."""
+    from arbiter.demo.coding import CHECK
+
+    path.write_text(f"[repos.demo]\npath = {json.dumps(str(repository))}\ncheck = {json.dumps(CHECK)}\n"
+                    "check_timeout_seconds = 60\n")
+    return path
+
+
 def run_settings(settings: Settings, run: str, ledger_dsn: str | None) -> Settings:
     """This run's topics (its own registry among them), consumer group and ledger. Its agents are
     enrolled by the demo itself, never on first use (``auto_enroll`` is off)."""
@@ -256,7 +266,8 @@ def run_settings(settings: Settings, run: str, ledger_dsn: str | None) -> Settin
     return settings.model_copy(update={
         "topics": topics, "app_id": f"arbiter-demo-{run}", "auto_enroll": False,
         "ledger_dsn": ledger_dsn or str((folder / "ledger.sqlite3").resolve()),
-        "repos": f"demo={(folder / 'coding').resolve()}",  # the coding story's repository (made before it runs)
+        # The coding story's repository (made before it runs), and its check, as an operator sets them.
+        "repos": "", "repos_file": repos_file(folder / "repos.toml", (folder / "coding").resolve()),
     })
 
 

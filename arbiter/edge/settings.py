@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -43,6 +43,57 @@ class Topics(BaseModel):
     def all(self) -> list[str]:
         """Every topic, in a stable order."""
         return list(self.model_dump().values())
+
+
+class Repository(BaseModel):
+    """One repository a deployment serves, as the operator configured it (``ARBITER_REPOS`` or
+    ``repos.toml``): where it is, and its check. Nothing in it comes from an agent."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]{1,100}$")
+    path: Path
+    check: tuple[str, ...] | None = None
+    """The check's command as an argument list (a string in ``repos.toml`` runs with ``/bin/sh -c``);
+    None: merges land unchecked."""
+    check_timeout_seconds: float = Field(default=600.0, gt=0, le=86_400)
+    check_output_bytes: int = Field(default=1_000_000, ge=1, le=1_000_000_000)
+    """A check that prints more is stopped, and fails."""
+    check_env: dict[str, str] = Field(default_factory=dict)
+    """Variables the check gets besides its own ``PATH``, ``HOME``, ``TMPDIR``, locale and ``CI``."""
+    check_path: str = "/usr/local/bin:/usr/bin:/bin"
+    """The check's ``PATH``."""
+
+    @field_validator("path")
+    @classmethod
+    def _home(cls, value: Path) -> Path:
+        return value.expanduser()
+
+    @field_validator("check", mode="before")
+    @classmethod
+    def _command(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return ("/bin/sh", "-c", value) if value.strip() else None
+        if isinstance(value, list | tuple) and not value:
+            return None
+        return value
+
+    def check_text(self) -> str:
+        """The check's command as a person reads it."""
+        if self.check is None:
+            return ""
+        if self.check[:2] == ("/bin/sh", "-c") and len(self.check) == 3:
+            return self.check[2]
+        return " ".join(self.check)
+
+    def check_digest(self) -> str:
+        """What identifies the check's configuration: a verdict for another configuration is not its."""
+        import hashlib
+        import json
+
+        spec = [list(self.check or ()), self.check_timeout_seconds, self.check_output_bytes,
+                sorted(self.check_env.items()), self.check_path]
+        return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:32]
 
 
 class Settings(BaseSettings):
@@ -145,6 +196,16 @@ class Settings(BaseSettings):
     repos: str = ""
     """The git repositories the workers merge into, ``name=path`` comma separated: resource
     ``repo:<name>`` is the repository at ``path`` (its sandboxes, its merge queue). Empty: none."""
+
+    repos_file: Path | None = None
+    """The operator's repository configuration (TOML): default ``<home>/repos.toml`` when it exists.
+    ``[repos.<name>]`` tables with ``path``, and the check: ``check`` (a command line, run with
+    ``/bin/sh -c``, or an argument list), ``check_timeout_seconds``, ``check_output_bytes``,
+    ``check_env``, ``check_path`` (``Repository``)."""
+
+    check_user: str = ""
+    """The user a check runs as. Empty: this process's own user, or ``nobody`` when it runs as root (an
+    agent's code never runs as root)."""
 
     sandbox_root: str = ""
     """Where sandboxes (one git worktree per agent) are made; default ``<repository's git dir>/arbiter/
@@ -308,6 +369,34 @@ class Settings(BaseSettings):
                 raise ValueError(f"repository name {name!r}: letters, digits and -_. only")
             repos[name.strip()] = Path(path.strip()).expanduser()
         return repos
+
+    def repositories(self) -> dict[str, Repository]:
+        """Every repository this deployment serves: ``ARBITER_REPOS`` and ``repos.toml`` (a name in both is
+        an error). ``ValueError`` says what is wrong with the file."""
+        found = {name: Repository(name=name, path=path) for name, path in self.parse_repos(self.repos).items()}
+        path = self.repos_file or self.home / "repos.toml"
+        if self.repos_file is None and not path.exists():
+            return found
+        import tomllib
+
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ValueError(f"the repository configuration {path} cannot be read: {exc}") from None
+        tables = data.get("repos", {})
+        if not isinstance(tables, dict) or set(data) - {"repos"}:
+            raise ValueError(f"{path}: expected only [repos.<name>] tables")
+        for name, table in tables.items():
+            if name in found:
+                raise ValueError(f"repository {name!r} is configured twice: in ARBITER_REPOS and in {path}")
+            if not isinstance(table, dict):
+                raise ValueError(f"{path}: [repos.{name}] is not a table")
+            try:
+                found[name] = Repository(name=name, **table)
+            except ValidationError as exc:
+                problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+                raise ValueError(f"{path}: [repos.{name}]: {problems}") from None
+        return found
 
     @staticmethod
     def parse_policies(value: str) -> tuple[tuple[str, Literal["pessimistic", "optimistic", "both"]], ...]:

@@ -16,13 +16,14 @@ as a ``notices`` line in its next tool result, and at once as a resource-updated
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase
 from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
 from mcp_types import ToolAnnotations
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from .tools import (
     AgentTools,
@@ -179,16 +180,13 @@ def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter")
         return await (await tools_of(ctx)).sandbox_create(repository, base)
 
     @server.tool(annotations=_writes(title="Merge your sandbox", destructive=True, idempotent=False))
-    async def sandbox_merge(
-            repository: Repository, message: Annotated[str, Field(min_length=1, max_length=10_000)],
-            ctx: Context,
-            check: Annotated[str | None, Field(max_length=2000, description="A command (the tests) run on the "
-                                               "merge result first; failing, nothing merges.")] = None,
-            check_timeout_seconds: Annotated[float, Field(gt=0, le=7200)] = 600.0) -> OutcomeAnswer:
-        """Merge your sandbox's commits into the target branch through the merge queue. A conflict is
-        version_conflict with the paths and the commits that landed since your base: sandbox_rebase,
+    async def sandbox_merge(repository: Repository, message: Annotated[str, Field(min_length=1, max_length=10_000)],
+                            ctx: Context) -> OutcomeAnswer:
+        """Merge your sandbox's commits into the target branch through the merge queue, after the
+        repository's own check (its tests, as the operator configured them) passes on the result. A conflict
+        is version_conflict with the paths and the commits that landed since your base: sandbox_rebase,
         resolve, commit, merge again. A failing check is check_failed with its output."""
-        return await (await tools_of(ctx)).sandbox_merge(repository, message, check, check_timeout_seconds)
+        return await (await tools_of(ctx)).sandbox_merge(repository, message)
 
     @server.tool(annotations=_writes(title="Rebase your sandbox", destructive=False, idempotent=True))
     async def sandbox_rebase(repository: Repository, ctx: Context) -> RebaseAnswer:
@@ -226,4 +224,16 @@ def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter")
             return json.dumps({"error": "forbidden", "detail": "you may read only your own notices"})
         return json.dumps({"agent": agent, "notices": tools.history})
 
+    refuse_unknown_arguments(server)
     return server
+
+
+def refuse_unknown_arguments(server: MCPServer) -> None:
+    """Every tool refuses an argument it does not take (the SDK ignores them): a caller that sends one, a
+    ``check`` command, say, learns it was not taken, and the schema says ``additionalProperties: false``."""
+    for tool in server._tool_manager.list_tools():  # the SDK has no option for it
+        base = tool.fn_metadata.arg_model
+        strict = cast(type[ArgModelBase], type(base.__name__, (base,), {
+            "model_config": ConfigDict(extra="forbid", arbitrary_types_allowed=True)}))
+        tool.fn_metadata.arg_model = strict
+        tool.parameters = strict.model_json_schema(by_alias=True)

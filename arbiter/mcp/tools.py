@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, Field
 
 from arbiter.agents import ArbiterClient, ArbiterError, Lease, LeaseDenied, Outcome, Sandbox, SandboxRefused
-from arbiter.agents.sandbox import open_sandbox
+from arbiter.agents.sandbox import open_sandbox, repository_config
 from arbiter.schemas import DeadlockDetected, LockExpired, LockRevoked, Record
 from arbiter.schemas.reasons import is_retriable, what_to_do
 from arbiter.streams.tools.git import Repos, branch_of, read_claims
@@ -453,14 +453,14 @@ class AgentTools:
 
     def _repo_path(self, repository: str) -> tuple[str, Path] | None:
         name = repository.removeprefix("repo:")
-        settings = self.client.settings
-        path = settings.parse_repos(settings.repos).get(name)
-        return (name, path) if path is not None else None
+        found = self.client.settings.repositories().get(name)
+        return (name, found.path) if found is not None else None
 
     def _unknown_repo(self, repository: str) -> dict[str, Any]:
-        known = ", ".join(sorted(self.client.settings.parse_repos(self.client.settings.repos))) or "none"
+        known = ", ".join(sorted(self.client.settings.repositories())) or "none"
         return {"reason": "unknown_repository", "detail": f"no repository {repository!r} here (known: {known})",
-                "what_to_do": "Use one of the known repositories; the operator sets ARBITER_REPOS."}
+                "what_to_do": "Use one of the known repositories; the operator configures them (ARBITER_REPOS, "
+                              "repos.toml)."}
 
     async def _box(self, repository: str) -> Sandbox | dict[str, Any]:
         """This agent's sandbox of ``repository``: the one it made here, or the one it already has."""
@@ -478,8 +478,9 @@ class AgentTools:
             return {"reason": "no_sandbox", "detail": f"{self.agent} has no sandbox of repo:{name}",
                     "what_to_do": "Call sandbox_create first."}
         base = await asyncio.to_thread(_merge_base, Path(mine["path"]), "main", branch_of(self.agent))
+        config, user = repository_config(self.client.settings, name)
         box = self.sandboxes[name] = Sandbox(self.client, f"repo:{name}", Path(mine["path"]), branch_of(self.agent),
-                                             base)
+                                             base, config=config, check_user=user)
         return box
 
     async def sandbox_create(self, repository: str, base: str = "main") -> SandboxAnswer:
@@ -504,13 +505,12 @@ class AgentTools:
         return self._answer(SandboxAnswer, ok=True, repository=box.repository, path=str(box.path), branch=box.branch,
                             base=box.base)
 
-    async def sandbox_merge(self, repository: str, message: str, check: str | None = None,
-                            check_timeout_seconds: float = 600.0) -> OutcomeAnswer:
+    async def sandbox_merge(self, repository: str, message: str) -> OutcomeAnswer:
         box = await self._box(repository)
         if not isinstance(box, Sandbox):
             return self._answer(OutcomeAnswer, ok=False, reason=box["reason"], diagnostic=box)
         try:
-            outcome = await box.merge(message, check=check, check_timeout=check_timeout_seconds)
+            outcome = await box.merge(message)
         except ArbiterError as error:
             return self._answer(OutcomeAnswer, ok=False, reason=getattr(error, "reason", "error"),
                                 diagnostic=_refused(error))

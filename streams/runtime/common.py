@@ -36,8 +36,8 @@ def default_tools(settings: Settings) -> ToolRunner:
     """The ledger's tools against the configured database, and the configured git repositories'."""
     from arbiter.streams.tools.ledger import Ledger, worker_tool_registry
 
-    return worker_tool_registry(Ledger(settings.ledger_url()), settings.parse_repos(settings.repos),
-                                settings.sandbox_root)
+    repos = {name: repository.path for name, repository in settings.repositories().items()}
+    return worker_tool_registry(Ledger(settings.ledger_url()), repos, settings.sandbox_root)
 
 
 def failpoint(settings: Settings) -> Callable[[ToolIntent], None]:

@@ -1,0 +1,206 @@
+"""Running a repository's check on a commit, as the operator configured it, with nothing of Arbiter's.
+
+Theory of operation
+-------------------
+A check is the repository's configuration (``arbiter.edge.settings.Repository``: a command, a time
+limit, an output limit), set by the operator; no call on any surface names a command. What a check
+runs is the agents' code (their tests, their build), so it gets nothing an agent could not have:
+
+- **A scratch copy, not a worktree.** The commit's tree is written into a fresh folder with git's
+  ``read-tree -u`` through an index of its own: no ``.git`` link back to the repository, so the check
+  cannot write the repository's refs, hooks or configuration, and no ``.gitattributes`` the agent
+  committed can leave a file out (``git archive`` would honour ``export-ignore``).
+- **An environment of its own.** ``PATH``, ``HOME`` and ``TMPDIR`` inside the scratch folder, a locale,
+  ``CI=1`` and the repository's ``check_env``: none of the process's variables (no ``ARBITER_*``, no
+  key paths, no Kafka credentials).
+- **Another user.** As root, the check runs as ``check_user`` (``nobody`` unless the operator names
+  another), which cannot read Arbiter's keys (mode 0600) nor write the repository. Not as root, it
+  runs as the process's own user: make that a user that holds no secrets (see the docs).
+- **Limits.** The command's whole session (everything it started) is killed at its time limit, when
+  its output passes the output limit, and when it ends; the scratch folder is removed after.
+
+The result names the tree that was checked, the check's digest (the configuration it ran), the exit
+status and a digest of the whole output, with its tail to show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from arbiter.edge.settings import Repository
+from arbiter.streams.tools.git import git
+
+TAIL_BYTES = 4000
+"""How much of a check's output a result keeps to show (its tail)."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What a check printed, and whether it passed."""
+
+    command: str
+    """The configured command, as text (what the log and the answers show)."""
+    passed: bool
+    exit_code: int | None
+    """None: it was stopped (time or output limit)."""
+    seconds: float
+    output: str
+    """The output's tail (``TAIL_BYTES``)."""
+    tree: str = ""
+    """The tree the check ran on: what a merge that cites this check must produce."""
+    check_digest: str = ""
+    """Which configuration ran (``Repository.check_digest``)."""
+    output_digest: str = ""
+    """SHA-256 of everything the check printed (what it was stopped at, when it was stopped)."""
+    output_bytes: int = 0
+    user: str = ""
+    """The user the command ran as."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form, as diagnostics carry it."""
+        return dict(self.__dict__)
+
+
+class CheckUserError(RuntimeError):
+    """The configured check user cannot be used by this process."""
+
+
+@dataclass(frozen=True)
+class _Account:
+    name: str
+    uid: int
+    gid: int
+    drop: bool
+    """True when the check runs as another user than this process."""
+
+
+def check_account(name: str) -> _Account:
+    """Who a check runs as: ``name`` (or ``nobody`` when this process is root and names no one), else the
+    process's own user. ``CheckUserError`` when this process cannot become ``name``."""
+    me = os.geteuid()
+    if not name:
+        if me != 0:
+            entry = pwd.getpwuid(me)
+            return _Account(entry.pw_name, entry.pw_uid, entry.pw_gid, False)
+        name = "nobody"  # never run an agent's code as root
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        raise CheckUserError(f"check user {name!r} does not exist on this machine (ARBITER_CHECK_USER)") from None
+    if entry.pw_uid == 0:
+        raise CheckUserError("checks run the agents' code: ARBITER_CHECK_USER may not be root")
+    if entry.pw_uid == me:
+        return _Account(entry.pw_name, entry.pw_uid, entry.pw_gid, False)
+    if me != 0:
+        raise CheckUserError(f"this process runs as uid {me}, not root: it cannot run checks as {name!r}; run it "
+                             "as that user instead, or unset ARBITER_CHECK_USER")
+    return _Account(entry.pw_name, entry.pw_uid, entry.pw_gid, True)
+
+
+def _materialize(repo: Path, commit: str, scratch: Path, account: _Account) -> str:
+    """Write ``commit``'s tree into ``scratch/work`` (no link to the repository); its tree id. Blocking."""
+    tree = git(repo, "rev-parse", "--verify", f"{commit}^{{tree}}").stdout.strip()
+    work = scratch / "work"
+    work.mkdir()
+    env = {"GIT_INDEX_FILE": str(scratch / "index")}
+    git(repo, f"--work-tree={work}", "read-tree", "-u", "--reset", tree, env=env)
+    (scratch / "index").unlink(missing_ok=True)
+    for name in ("home", "tmp"):
+        (scratch / name).mkdir()
+    if account.drop:
+        for root, dirs, files in os.walk(scratch):
+            for item in (root, *(os.path.join(root, n) for n in dirs + files)):
+                os.lchown(item, account.uid, account.gid)
+    return tree
+
+
+def _environment(repository: Repository, scratch: Path) -> dict[str, str]:
+    env = {"PATH": repository.check_path, "HOME": str(scratch / "home"), "TMPDIR": str(scratch / "tmp"),
+           "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "CI": "1"}
+    env.update(repository.check_env)
+    return env
+
+
+class _Output:
+    """A check's output as it comes: its digest, its size and its tail; over the limit, the check is killed."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.digest = hashlib.sha256()
+        self.total = 0
+        self.tail = b""
+        self.over = False
+
+    async def read(self, stream: asyncio.StreamReader, pid: int) -> None:
+        while chunk := await stream.read(65536):
+            self.digest.update(chunk)
+            self.total += len(chunk)
+            self.tail = (self.tail + chunk)[-TAIL_BYTES:]
+            if self.total > self.limit and not self.over:
+                self.over = True
+                _kill(pid)
+
+
+async def _run(argv: list[str], cwd: Path, env: dict[str, str], account: _Account, repository: Repository
+               ) -> tuple[int | None, _Output, str]:
+    """(exit code or None when stopped, the output, why it was stopped)."""
+    extra: dict[str, Any] = {"user": account.uid, "group": account.gid, "extra_groups": []} if account.drop else {}
+    proc = await asyncio.create_subprocess_exec(
+        *argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True, **extra)
+    assert proc.stdout is not None
+    output = _Output(repository.check_output_bytes)
+    reader = asyncio.create_task(output.read(proc.stdout, proc.pid))
+    stopped = ""
+    try:
+        async with asyncio.timeout(repository.check_timeout_seconds):
+            await proc.wait()
+    except TimeoutError:
+        stopped = f"(check stopped after {repository.check_timeout_seconds:g} s)"
+    finally:
+        _kill(proc.pid)  # the whole session: whatever the check left running goes too
+        await proc.wait()
+        # Every writer of the pipe is dead now, unless one left the session: do not wait on it for ever.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(5):
+                await asyncio.shield(reader)
+        reader.cancel()
+    if output.over:
+        stopped = f"(check stopped: it printed over {repository.check_output_bytes} bytes)"
+    return (None if stopped else proc.returncode), output, stopped
+
+
+async def run_check(repo: Path, commit: str, repository: Repository, *, check_user: str = "") -> CheckResult:
+    """Run ``repository``'s check on ``commit`` of the git repository at ``repo`` (see the module's text)."""
+    if repository.check is None:
+        raise ValueError(f"repository {repository.name!r} has no check configured")
+    account = check_account(check_user)
+    started = time.monotonic()
+    scratch = Path(tempfile.mkdtemp(prefix="arbiter-check-"))
+    try:
+        tree = await asyncio.to_thread(_materialize, repo, commit, scratch, account)
+        code, output, stopped = await _run(list(repository.check), scratch / "work",
+                                           _environment(repository, scratch), account, repository)
+    finally:
+        await asyncio.shield(asyncio.to_thread(shutil.rmtree, scratch, True))
+    shown = output.tail.decode(errors="replace") + (f"\n{stopped}" if stopped else "")
+    return CheckResult(repository.check_text(), code == 0, code, round(time.monotonic() - started, 3), shown,
+                       tree, repository.check_digest(), output.digest.hexdigest(), output.total, account.name)
+
+
+def _kill(pid: int) -> None:
+    """Kill a check's session: the command and everything it started."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)

@@ -1,0 +1,134 @@
+"""A repository's check, run as the operator configured it, on real git: it gets a scratch copy of the tree
+(no link back to the repository), an environment of its own, another user when Arbiter is root, and
+limits of time and output; nothing it does reaches Arbiter's secrets or the repository."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from arbiter.edge.settings import Repository, Settings
+from arbiter.streams.tools.checks import CheckUserError, check_account, run_check
+
+
+def sh(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), "-c", "user.name=dev", "-c", "user.email=dev@example.com",
+                           *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(shared: Path) -> Path:
+    repo = shared / "app"
+    repo.mkdir()
+    sh(repo, "init", "-q", "-b", "main")
+    (repo / "app.py").write_text("print('app')\n")
+    (repo / "tests").mkdir()
+    (repo / "tests" / "test_app.py").write_text("assert True\n")
+    # What an agent could commit to hide its tests from a check made with `git archive`.
+    (repo / ".gitattributes").write_text("tests/ export-ignore\n")
+    sh(repo, "add", "-A")
+    sh(repo, "commit", "-qm", "init")
+    return repo
+
+
+def check(repo: Path, command: str, **options: object) -> Repository:
+    return Repository(name="app", path=repo, check=command, **options)  # type: ignore[arg-type]
+
+
+def run(repo: Path, command: str, **options: object):  # type: ignore[no-untyped-def]
+    return asyncio.run(run_check(repo, "main", check(repo, command, **options)))
+
+
+def test_the_check_sees_the_whole_tree_and_no_way_back_to_the_repository(repo: Path) -> None:
+    result = run(repo, "test -f tests/test_app.py && test -f app.py && test ! -e .git && git status")
+    assert not result.passed and "not a git repository" in result.output, result
+    assert run(repo, "test -f tests/test_app.py && test ! -e .git").passed
+    tree = sh(repo, "rev-parse", "main^{tree}")
+    assert result.tree == tree and len(result.output_digest) == 64
+
+
+def test_the_check_gets_none_of_arbiters_environment(repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARBITER_KAFKA_PASSWORD", "s3cret")
+    monkeypatch.setenv("ARBITER_HOME", "/srv/arbiter")
+    result = run(repo, "env", check_env={"PYTHONDONTWRITEBYTECODE": "1"})
+    assert result.passed, result
+    names = {line.split("=", 1)[0] for line in result.output.splitlines() if "=" in line}
+    assert names <= {"PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "CI", "PWD", "SHLVL", "_", "PYTHONDONTWRITEBYTECODE",
+                     "OLDPWD"}, names
+    assert "s3cret" not in result.output and "/srv/arbiter" not in result.output
+
+
+def test_as_root_the_check_is_another_user_who_cannot_read_a_key_or_write_the_repository(
+        repo: Path, shared: Path) -> None:
+    secret = shared / "open" / "worker.key"  # in a folder it may enter: only the key's mode stops it
+    secret.write_text("PRIVATE")
+    secret.chmod(0o600)
+    marker = repo / "planted"
+    control = shared / "open" / "reached"
+    attempt = f"cat {secret}; touch {marker}; touch {repo}/.git/hooks/post-checkout; touch {control}; id -un"
+    result = run(repo, attempt)
+    who = check_account("")
+    if os.geteuid() == 0:
+        assert who.name == "nobody" and who.drop and result.user == "nobody", result
+        assert "PRIVATE" not in result.output and "Permission denied" in result.output, result.output
+        assert not marker.exists() and not (repo / ".git" / "hooks" / "post-checkout").exists()
+        assert control.exists(), "the check did run, and could write where every user may"
+        assert result.output.strip().splitlines()[-1] == "nobody"
+    else:  # not root: the process's own user, as the docs say (make it one that holds no secrets)
+        assert not who.drop and result.user == who.name
+
+
+def test_the_check_user_cannot_be_root_or_unknown() -> None:
+    with pytest.raises(CheckUserError, match="does not exist"):
+        check_account("no-such-user-here")
+    if os.geteuid() == 0:
+        with pytest.raises(CheckUserError, match="may not be root"):
+            check_account("root")
+
+
+def test_a_check_past_its_time_is_stopped_with_everything_it_started(repo: Path, shared: Path) -> None:
+    alive, started = shared / "open" / "alive", shared / "open" / "started"
+    result = run(repo, f"touch {started}; (sleep 2; touch {alive}) & sleep 30", check_timeout_seconds=0.5)
+    assert started.exists(), "the check ran, and could write the marker"
+    assert not result.passed and result.exit_code is None and "stopped after 0.5 s" in result.output, result
+    assert result.seconds < 10
+    asyncio.run(asyncio.sleep(2.5))
+    assert not alive.exists(), "the background job the check started was killed with it"
+
+
+def test_a_check_that_ends_leaves_nothing_running(repo: Path, shared: Path) -> None:
+    alive, started = shared / "open" / "alive", shared / "open" / "started"
+    result = run(repo, f"touch {started}; (sleep 1; touch {alive}) > /dev/null 2>&1 & echo done")
+    assert result.passed and "done" in result.output and result.seconds < 5, result
+    assert started.exists(), "the check ran, and could write the marker"
+    asyncio.run(asyncio.sleep(1.5))
+    assert not alive.exists()
+
+
+def test_a_check_that_prints_too_much_is_stopped_and_fails(repo: Path) -> None:
+    result = run(repo, "yes arbiter", check_output_bytes=100_000, check_timeout_seconds=30)
+    assert not result.passed and result.exit_code is None and "printed over 100000 bytes" in result.output
+    assert 100_000 < result.output_bytes < 1_000_000 and len(result.output) < 5_000
+
+
+def test_the_repository_configuration_is_the_operators_file(tmp_path: Path) -> None:
+    (tmp_path / "repos.toml").write_text('[repos.app]\npath = "~/src/app"\ncheck = ["make", "test"]\n'
+                                         'check_timeout_seconds = 90\n')
+    repos = Settings(home=tmp_path, repos="docs=/src/docs").repositories()
+    assert repos["app"].check == ("make", "test") and repos["app"].check_timeout_seconds == 90
+    assert repos["app"].path == Path("~/src/app").expanduser() and repos["docs"].check is None
+    assert Repository(name="a", path=Path("."), check="pytest -q").check == ("/bin/sh", "-c", "pytest -q")
+    assert repos["app"].check_digest() != Repository(name="app", path=Path("."), check=["make"]).check_digest()
+    (tmp_path / "repos.toml").write_text('[repos.docs]\npath = "/x"\n')
+    with pytest.raises(ValueError, match="configured twice"):
+        Settings(home=tmp_path, repos="docs=/src/docs").repositories()
+    (tmp_path / "repos.toml").write_text('[repos.app]\npath = "/x"\nchek = "typo"\n')
+    with pytest.raises(ValueError, match=r"\[repos.app\].*chek"):
+        Settings(home=tmp_path).repositories()
+    (tmp_path / "repos.toml").write_text("not toml [")
+    with pytest.raises(ValueError, match="cannot be read"):
+        Settings(home=tmp_path).repositories()

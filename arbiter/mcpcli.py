@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import sys
 import time
 from pathlib import Path
@@ -48,26 +50,40 @@ def mcp(ctx: click.Context, agent: str, idle: float | None, max_hold: float | No
     settings = settings_of(ctx)
 
     async def serve() -> None:
-        async with ArbiterClient(agent, settings) as client:
-            notifier = Notifier()
-            loop = asyncio.get_running_loop()
-            pending: set[asyncio.Task[None]] = set()
+        from arbiter.mcp.hookserver import HookServer
 
-            def on_notice(_: str) -> None:
-                task = loop.create_task(notifier.publish(agent))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
+        # The protocol answers at once; the client connects meanwhile (a tool call waits for it), so an
+        # agent's launch does not wait on Kafka.
+        client = ArbiterClient(agent, settings)
+        connected = asyncio.create_task(client.start())
+        notifier = Notifier()
+        loop = asyncio.get_running_loop()
+        pending: set[asyncio.Task[None]] = set()
 
-            tools = AgentTools(client, idle_seconds=idle, max_hold_seconds=max_hold,
-                               heartbeat=heartbeat_path(settings, agent), on_notice=on_notice)
+        def on_notice(_: str) -> None:
+            task = loop.create_task(notifier.publish(agent))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
 
-            async def resolve(_ctx: Any) -> AgentTools:
-                return tools
+        tools = AgentTools(client, idle_seconds=idle, max_hold_seconds=max_hold,
+                           heartbeat=heartbeat_path(settings, agent), on_notice=on_notice)
 
-            try:
-                await build_server(resolve, notifier).run_stdio_async()
-            finally:
+        async def resolve(_ctx: Any) -> AgentTools:
+            await asyncio.shield(connected)
+            return tools
+
+        hooks = HookServer(client, settings, on_activity=tools.touch, ready=connected)
+        try:
+            await hooks.start()
+            await build_server(resolve, notifier).run_stdio_async()
+        finally:
+            await hooks.close()
+            if not connected.done():
+                connected.cancel()
+            with contextlib.suppress(BaseException):
+                await connected
                 await tools.close()
+            await client.close()
 
     try:
         asyncio.run(serve())
@@ -82,16 +98,59 @@ def hook() -> None:
     """Hooks for coding agents (Claude Code, Codex) that make Arbiter's leases binding."""
 
 
+@hook.command("serve")
+@click.option("--agent", required=True, help="The agent whose hook this process answers.")
+@click.pass_context
+def serve_hook(ctx: click.Context, agent: str) -> None:
+    """Answer AGENT's PreToolUse hook (arbiter-hook --agent AGENT) over a Unix socket only this user can
+    open, until stopped: for an agent that runs no 'arbiter mcp' (which answers it itself)."""
+    from arbiter.agents import ArbiterClient
+    from arbiter.mcp.hookserver import HookServer
+    from arbiter.schemas.identity import IdentityError
+
+    settings = settings_of(ctx)
+
+    async def run() -> None:
+        async with ArbiterClient(agent, settings) as client:
+            server = HookServer(client, settings, heartbeat=heartbeat_path(settings, agent))
+            if not await server.start():
+                fail(f"another process already answers {agent}'s hook at {server.path}")
+            click.echo(f"answering {agent}'s hook at {server.path} (arbiter-hook --agent {agent})", err=True)
+            try:
+                await asyncio.Event().wait()
+            finally:
+                await server.close()
+
+    try:
+        asyncio.run(run())
+    except IdentityError as exc:
+        fail(str(exc), f"issue the agent's identity first: arbiter agents add {agent}")
+    except KeyboardInterrupt:
+        pass
+
+
 @hook.command("pre-tool-use")
 @click.option("--agent", required=True, help="The agent the coding session is (its identity reads the leases).")
 @click.option("--timeout", type=float, default=10.0, show_default=True,
-              help="Seconds to reach Arbiter; past them the call is denied (exit 2), never let through.")
+              help="Seconds to reach Arbiter when no process of the agent's answers the hook; past them the call "
+                   "is denied (exit 2), never let through.")
 @click.pass_context
 def pre_tool_use(ctx: click.Context, agent: str, timeout: float) -> None:
     """Read a PreToolUse payload on stdin; deny (JSON on stdout) a write to a path another agent holds or
     outside this agent's sandbox; exit 2 (blocked, reason on stderr) when the input cannot be parsed or
-    Arbiter cannot be reached. Allowed calls print nothing."""
-    from arbiter.mcp.hook import HookInputError, decide, deny_json, parse, written_paths
+    Arbiter cannot be reached. Allowed calls print nothing. The agent's own process answers when one runs
+    (arbiter mcp, arbiter hook serve); the hook's fast client is arbiter-hook."""
+    from arbiter.mcp import hookclient
+
+    settings = settings_of(ctx)
+    if os.path.exists(hookclient.socket_path(settings.home, agent)):
+        sys.exit(hookclient.main(["--agent", agent, "--home", str(settings.home)]))
+    _decide_here(settings, agent, timeout)
+
+
+def _decide_here(settings: Settings, agent: str, timeout: float) -> None:
+    """The hook without a long-lived process: this one connects to Kafka for the one call (slower)."""
+    from arbiter.mcp.hook import HookInputError, decide, deny_json, parse, sandboxes_of, written_paths
     from arbiter.schemas.identity import IdentityError
 
     def block(why: str) -> None:
@@ -104,7 +163,6 @@ def pre_tool_use(ctx: click.Context, agent: str, timeout: float) -> None:
         block(f"cannot read the PreToolUse input: {error}.")
         return
     try:
-        settings = settings_of(ctx)
         beat = heartbeat_path(settings, agent)
         beat.parent.mkdir(parents=True, exist_ok=True)
         beat.touch()
@@ -120,7 +178,7 @@ def pre_tool_use(ctx: click.Context, agent: str, timeout: float) -> None:
         from arbiter.agents import ArbiterClient
 
         async with ArbiterClient(agent, settings) as client:
-            return await decide(payload, client, repos, settings.sandbox_root)
+            return await decide(payload, client, repos, sandboxes_of(settings.sandbox_root))
 
     try:
         reason = asyncio.run(asyncio.wait_for(check(), timeout))

@@ -9,7 +9,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -81,13 +81,23 @@ async def stack(bootstrap: str, tmp_path: Path) -> AsyncIterator[tuple[Settings,
 @pytest.mark.kafka
 async def test_a_write_to_what_another_agent_holds_or_outside_the_sandbox_is_denied(
         stack: tuple[Settings, Path], tmp_path: Path) -> None:
+    settings, _ = stack
+    await denies_what_it_must(stack, tmp_path, lambda payload: hook(settings, "ann", payload))
+    assert (settings.home / "mcp" / "ann.heartbeat").exists(), "each run is a heartbeat for arbiter mcp"
+    await assert_clean_audit(settings)
+
+
+Hook = Callable[[str], subprocess.CompletedProcess[str]]
+"""One run of a hook (as ann) on one payload."""
+
+
+async def denies_what_it_must(stack: tuple[Settings, Path], tmp_path: Path, run: Hook) -> None:
+    """What another agent holds, or what lies outside ann's sandbox, is denied with its reason; the rest is
+    allowed."""
     settings, repo = stack
     async with ArbiterClient("ann", settings) as ann, ArbiterClient("bob", settings) as bob, \
             ann.sandbox("app", keep=False) as mine, bob.sandbox("app", keep=False) as theirs:
         box = mine.path
-
-        def run(payload: str, **env: str) -> subprocess.CompletedProcess[str]:
-            return hook(settings, "ann", payload, **env)
 
         held = await bob.acquire("file:app/auth.py", ttl=120)
         folder = await bob.acquire("file:app/src", ttl=120)
@@ -122,8 +132,6 @@ async def test_a_write_to_what_another_agent_holds_or_outside_the_sandbox_is_den
         allowed(await asyncio.to_thread(run, claude("Edit", box, file_path=str(box / "auth.py"), old_string="1",
                                                     new_string="2")))
         await ann.release(own)
-    assert (settings.home / "mcp" / "ann.heartbeat").exists(), "each run is a heartbeat for arbiter mcp"
-    await assert_clean_audit(settings)
 
 
 def test_bad_input_and_an_unreachable_arbiter_block_the_call_with_the_reason(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,14 +138,23 @@ class Place:
     """The calling agent's sandbox of this repository, if it has one."""
 
 
-def locate(path: Path, agent: str, repos: dict[str, Path], sandbox_root: str) -> Place | None:
-    """The repository ``path`` lies in (its sandboxes first: they may sit inside its git dir)."""
+Sandboxes = Callable[[str, Path], list[dict[str, Any]]]
+"""A repository's sandboxes (``Repos.sandboxes``), given its name and root."""
+
+
+def sandboxes_of(sandbox_root: str) -> Sandboxes:
+    """``Repos.sandboxes`` as a ``Sandboxes``: git asked each time."""
     from arbiter.streams.tools.git import Repos
 
+    return lambda name, root: Repos({name: root}, sandbox_root).sandboxes(root)
+
+
+def locate(path: Path, agent: str, repos: dict[str, Path], sandboxes: Sandboxes) -> Place | None:
+    """The repository ``path`` lies in (its sandboxes first: they may sit inside its git dir)."""
     for name, root in sorted(repos.items()):
         root = root.expanduser().resolve()
         try:
-            boxes = Repos({name: root}, sandbox_root).sandboxes(root)
+            boxes = sandboxes(name, root)
         except Exception:  # not a repository (yet): nothing of it to protect
             continue
         mine = next((Path(b["path"]).resolve() for b in boxes if b["agent"] == agent), None)
@@ -157,7 +167,7 @@ def locate(path: Path, agent: str, repos: dict[str, Path], sandbox_root: str) ->
     return None
 
 
-async def decide(payload: Payload, client: Any, repos: dict[str, Path], sandbox_root: str) -> str | None:
+async def decide(payload: Payload, client: Any, repos: dict[str, Path], sandboxes: Sandboxes) -> str | None:
     """None to let the call go ahead, or the reason to deny it (the holder named)."""
     import asyncio
 
@@ -168,7 +178,7 @@ async def decide(payload: Payload, client: Any, repos: dict[str, Path], sandbox_
     if not paths:
         return None
     for path in paths:
-        place = await asyncio.to_thread(locate, path, agent, repos, sandbox_root)
+        place = await asyncio.to_thread(locate, path, agent, repos, sandboxes)
         if place is None:
             continue
         shown = f"{place.repo}/{place.relative}" if str(place.relative) != "." else place.repo

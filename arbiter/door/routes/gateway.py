@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Path, Request
 
 from ..bodies import CommitBody, ExecuteBody, outcome_answer
 from ..calls import Creds, agent
@@ -31,7 +31,9 @@ async def commit(body: CommitBody, request: Request, credentials: Creds) -> Any:
 
 
 @router.get("/v1/resources/{resource:path}", summary="A resource's version, hash, holders and content")
-async def snapshot(resource: str, request: Request, credentials: Creds, content: bool = False) -> Any:
+async def snapshot(resource: Annotated[str, Path(description="The resource's name, e.g. doc:a/b: as it is "
+                                                             "('/' and ':' included) or percent-encoded.")],
+                   request: Request, credentials: Creds, content: bool = False) -> Any:
     """The resource as its decision order stands; ``?content=true`` adds its content (a document's
     revision and body, an account's balance; null when the tools keep none). 403 outside the agent's
     prefixes."""

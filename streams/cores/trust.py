@@ -56,6 +56,12 @@ def owned_saga_prefix(agent_id: str) -> str:
     return f"saga:{agent_id}/"
 
 
+def saga_owner(saga_id: str) -> str:
+    """The agent whose saga ``saga_id`` is ("" when the id names none). Exact, as a name holds no '/'."""
+    owner, slash, _ = saga_id.removeprefix("saga:").partition("/")
+    return owner if saga_id.startswith("saga:") and slash else ""
+
+
 def allowed(identity: IdentityRegistered, resource: str) -> bool:
     """Whether ``identity`` may act on ``resource`` (no prefixes: every resource)."""
     return not identity.allow or any(resource.startswith(prefix) for prefix in identity.allow)

@@ -19,6 +19,7 @@ from arbiter.schemas.identity import Verified
 from arbiter.schemas.reasons import Reason
 from arbiter.streams.cores import saga as saga_core
 from arbiter.streams.cores.saga import COMPENSATION_FAILED, Saga, SagaInput
+from arbiter.streams.cores.trust import saga_owner
 from arbiter.streams.shells.routes import SAGA_PREFIX, Routes, Send
 
 
@@ -63,8 +64,11 @@ class SagaShell:
                 await self.send(self.routes.resource_commands, output.resource.encode(), output)
             else:
                 await self.send(self.routes.saga_events, key, output)
-                if isinstance(output, SagaFinished) and saga.agent_id:
-                    await self.send(self.routes.agent_inbox, saga.agent_id.encode(), output)
+                # A saga that ended before any step (completed empty, or aborted by an operator) has
+                # no agent on record: its owner is in its id, and only it or an operator could end it.
+                owner = saga.agent_id or saga_owner(saga.saga_id)
+                if isinstance(output, SagaFinished) and owner:
+                    await self.send(self.routes.agent_inbox, owner.encode(), output)
                 if isinstance(output, SagaFinished) and output.outcome == COMPENSATION_FAILED:
                     await self.send(self.routes.operator, key, output)  # a human must act
         self.sagas[key] = saga

@@ -11,10 +11,22 @@ from hypothesis import strategies as st
 
 from arbiter.audit.replay import Engine
 from arbiter.edge.settings import Settings
-from arbiter.schemas import MODELS, Cause, ContractError, LockRequested, Ping, Record, SagaStep, WaitEdgeAdded
+from arbiter.schemas import (
+    MODELS,
+    Cause,
+    CompensationRequested,
+    ContractError,
+    LockRequested,
+    Ping,
+    Record,
+    SagaFinished,
+    SagaStep,
+    WaitEdgeAdded,
+)
 from arbiter.schemas.codec import SCHEMA_DIR
 from arbiter.streams.cores.gateway import ToolOutcome
-from arbiter.streams.shells.saga import saga_key_problem
+from arbiter.streams.shells.routes import Routes
+from arbiter.streams.shells.saga import SagaShell, saga_key_problem
 
 from ..avro_strategies import for_record
 
@@ -32,6 +44,24 @@ def test_saga_keys_must_be_utf8_saga_ids_matching_the_record() -> None:
     # Not UTF-8, and a record without a saga id: dead-lettered, not a crash loop.
     ping = Ping(ping_id="p", agent_id="a", sent_at_ms=0)
     assert saga_key_problem(b"saga:\xff", ping).reason == "key_mismatch"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("end", [
+    SagaStep(saga_id="saga:ann/empty:1", step=-1, agent_id="ann", status="saga_completed", intent_id="",
+             resource="", tool="", arguments_json="{}", at_ms=0),
+    CompensationRequested(saga_id="saga:ann/empty:1", reason="stuck", requested_by="admin", at_ms=0)])
+def test_a_saga_that_ends_before_any_step_tells_its_owner(end: Record) -> None:
+    """Its owner is in its id: without a step on record it was told nothing, and waited for good."""
+    sent: list[tuple[str, bytes, Record]] = []
+
+    async def send(topic: str, key: bytes, record: Record) -> None:
+        sent.append((topic, key, record))
+
+    routes = Routes.of(Settings().topics, "global")
+    shell = SagaShell({}, routes, send)
+    assert asyncio.run(shell.handle(b"saga:ann/empty:1", end, 1_000, Cause(topic="s", partition=0, offset=0))) is None
+    told = [(key, record) for topic, key, record in sent if topic == routes.agent_inbox]
+    assert [(key, type(record)) for key, record in told] == [(b"ann", SagaFinished)], sent
 
 
 # -- no single input stops a processor ------------------------------------------------------------

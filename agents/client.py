@@ -37,6 +37,7 @@ from arbiter.edge.clock import now_ms
 from arbiter.edge.settings import Settings, load_settings
 from arbiter.schemas import (
     Codec,
+    CompensationRequested,
     DeadlockDetected,
     LockCancelled,
     LockCancelRequested,
@@ -423,6 +424,22 @@ class ArbiterClient:
         self._sagas[saga.saga_id] = saga
         self._saga_ends[saga.saga_id] = finished
         return saga
+
+    async def abort_saga(self, saga_id: str, reason: str = "aborted_by_agent") -> None:
+        """Abort this agent's saga ``saga_id`` by its id, wherever it was opened (a process that is gone,
+        another door): its completed steps are compensated, and its end (``SagaFinished``) comes to the
+        inbox. Aborting a saga that is undoing or has ended changes nothing."""
+        await self._send_saga(saga_id, CompensationRequested(saga_id=saga_id, reason=reason,
+                                                             requested_by=self.agent_id, at_ms=now_ms()))
+
+    def forget_saga(self, finished: SagaFinished) -> None:
+        """The saga ``finished`` names ended without ``finish_saga`` (an operator aborted it, say): a call
+        awaiting its end gets ``finished``, and this client stops tracking it."""
+        end = self._saga_ends.pop(finished.saga_id, None)
+        if end is not None and not end.done():
+            end.set_result(finished)
+        self._sagas.pop(finished.saga_id, None)
+        self._routes.pop(finished.saga_id, None)
 
     async def finish_saga(self, saga: Saga, abort: str | None, timeout: float = 120.0) -> SagaFinished:
         """Complete ``saga`` (``abort`` None, unless it was aborted meanwhile) or abort it with that

@@ -10,6 +10,8 @@ would send it so, percent-encoded, and encoded with '/' kept (what ``urllib.pars
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -22,12 +24,12 @@ from arbiter.agents import ArbiterClient
 from arbiter.agents.identities import Registrar
 from arbiter.door.app import create_app
 from arbiter.edge.settings import Settings
-from arbiter.processes import DoorProcess, WorkerPool, wait_until_served
+from arbiter.processes import DoorProcess, WorkerPool, settings_env, wait_until_served
 from arbiter.schemas.partitioning import key_for_partition
 from arbiter.streams.runtime.topics import ensure_topics
 
 from .conftest import isolated_settings
-from .test_door_http import Answer, curl
+from .test_door_http import Answer, curl, until
 
 pytestmark = pytest.mark.kafka
 
@@ -239,3 +241,74 @@ def test_every_route_that_takes_a_name_takes_arbiters_own_names(front: Front, ro
 
 def test_every_case_is_a_route_of_the_door() -> None:
     assert sorted(CASES) == _named_routes()
+
+
+# -- sagas that outlive their caller ---------------------------------------------------------------------------
+
+
+def _saga_abort_cli(front: Front, saga_id: str) -> None:
+    """``arbiter saga abort``: an operator's abort, from outside the door."""
+    done = subprocess.run([sys.executable, "-m", "arbiter", "saga", "abort", saga_id, "--reason", "test: stuck"],
+                          env=settings_env(front.settings), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+
+
+def _content(front: Front, resource: str) -> Any:
+    answer = front.call("GET", f"/v1/resources/{urllib.parse.quote(resource, safe='')}?content=true")
+    assert answer.status == 200, answer.text
+    return answer.json["content"]
+
+
+@pytest.mark.parametrize("steps", [1, 0])
+def test_a_saga_an_operator_aborts_leaves_the_door_and_answers_how_it_ended(front: Front, steps: int) -> None:
+    saga_id, resource = _saga(front, f"stuck-{steps}"), f"doc:paths/operator/{steps}"
+    for version in range(steps):
+        assert _step(front, saga_id, saga_id, resource, version).status == 200
+    assert saga_id in _open_sagas(front)
+
+    _saga_abort_cli(front, saga_id)
+    until("the aborted saga leaves /v1/status", lambda: saga_id not in _open_sagas(front), timeout=30)
+    if steps:
+        assert _content(front, resource)["body"] == {"steps": 1, "undone": True}  # compensated
+    # Its caller comes back: every end answers how it ended, a step is refused.
+    for action in ("complete", "abort"):
+        ended = front.call("POST", f"/v1/sagas/{saga_id}/{action}", {"reason": "late"} if action == "abort" else None)
+        assert ended.status == 200 and ended.json["outcome"] == "COMPENSATED", (action, ended.text)
+    late = _step(front, saga_id, saga_id, resource, steps)
+    assert late.status == 409 and late.json["reason"] == "saga_ended", late.text
+
+
+def test_a_saga_with_no_steps_completes(front: Front) -> None:
+    saga_id = _saga(front, "empty")
+    ended = front.call("POST", f"/v1/sagas/{saga_id}/complete")
+    assert ended.status == 200 and ended.json["outcome"] == "COMPLETED", ended.text
+    assert saga_id not in _open_sagas(front)
+
+
+def test_a_saga_whose_process_is_gone_is_aborted_through_the_door(front: Front) -> None:
+    resource = "doc:paths/orphan/ü"
+
+    async def abandon() -> str:
+        client = ArbiterClient(AGENT, front.settings)
+        await client.start()
+        saga = client.open_saga("orphan")
+        await saga.step(resource, "commit", {"patch": {"steps": 1}}, base_version=0,
+                        compensate=("commit", {"patch": {"undone": True}}))
+        await client.close()  # and never ends its saga
+        return saga.saga_id
+
+    saga_id = asyncio.run(abandon())
+    assert saga_id not in _open_sagas(front)
+    asked = front.call("POST", f"/v1/sagas/{saga_id}/abort", {"reason": "its process is gone"})
+    assert asked.status == 202 and asked.json["requested"] is True and asked.json["outcome"] is None, asked.text
+    until("the orphan compensated", lambda: _content(front, resource)["body"] == {"steps": 1, "undone": True},
+          timeout=30)
+    again = until("the door knows how it ended", lambda: (a := front.call(
+        "POST", f"/v1/sagas/{saga_id}/abort", {"reason": "again"})).status == 200 and a)
+    assert again.json["outcome"] == "COMPENSATED", again.text
+
+    # Another agent's saga is not this agent's to abort.
+    other = front.call("POST", "/v1/sagas/saga:someone-else/theirs:0/abort", {"reason": "mine now"})
+    assert other.status == 403 and other.json["reason"] == "forbidden", other.text
+    missing = front.call("POST", f"/v1/sagas/saga:{AGENT}/never:0/complete")
+    assert missing.status == 404 and missing.json["reason"] == "unknown_saga", missing.text

@@ -54,7 +54,7 @@ from arbiter.edge.registryfeed import RegistryFeed
 from arbiter.edge.settings import Settings
 from arbiter.edge.tail import Tail
 from arbiter.mcp.tools import AgentTools
-from arbiter.schemas import LockExpired, LockReleased, LockRevoked, Record
+from arbiter.schemas import LockExpired, LockReleased, LockRevoked, Record, SagaFinished
 from arbiter.schemas.identity import ACTIVE, IdentityError, Registry, Signer
 from arbiter.schemas.models import IdentityRegistered
 from arbiter.schemas.partitioning import partition_for
@@ -66,6 +66,8 @@ from .session import Session
 
 log = logging.getLogger(__name__)
 
+ENDED_SAGAS = 1000
+"""How many of an agent's ended sagas a door remembers, so ending one again answers how it ended."""
 CATCH_UP_SECONDS = 5.0
 """How long a call with a key the door has not seen waits for the registry to be read to its end."""
 
@@ -110,6 +112,10 @@ class AgentState:
     leases: dict[tuple[str, int], Lease] = field(default_factory=dict)
     """Leases acquired through this door's HTTP calls, by (resource, token)."""
     sagas: dict[str, Saga] = field(default_factory=dict)
+    """Its sagas open on this door (started here, not ended yet), by id."""
+    ended: OrderedDict[str, SagaFinished] = field(default_factory=OrderedDict)
+    """How its sagas ended, the newest ``ENDED_SAGAS`` of them (ended here or anywhere: an operator's
+    abort, another door), by id."""
     inflight: int = 0
     last_used: float = field(default_factory=time.monotonic)
     mcp: AgentTools | None = None
@@ -122,7 +128,15 @@ class AgentState:
             session.push(offset, frame)
 
     def on_record(self, record: Record) -> None:
-        """Every inbox record of this agent: forget leases that ended; push to every session."""
+        """Every inbox record of this agent: forget leases and sagas that ended; push to every session."""
+        if isinstance(record, SagaFinished):
+            # However it ended (the agent, an operator's abort, a deadlock), it is open here no more.
+            self.sagas.pop(record.saga_id, None)
+            self.client.forget_saga(record)
+            self.ended[record.saga_id] = record
+            self.ended.move_to_end(record.saga_id)
+            while len(self.ended) > ENDED_SAGAS:
+                self.ended.popitem(last=False)
         if isinstance(record, LockExpired | LockRevoked | LockReleased):
             lease = self.leases.pop((record.resource, record.token), None)
             if lease is not None:

@@ -150,6 +150,8 @@ class DoorProcess:
     extra_env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
+    command: tuple[str, ...] = ("serve", "--loglevel", "info")
+    """The ``arbiter`` command and its options (``--port`` is added): ``("console",)`` serves the console alone."""
 
     @property
     def url(self) -> str:
@@ -168,7 +170,7 @@ class DoorProcess:
         env.update(self.extra_env)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "arbiter", "serve", "--port", str(self.port), "--loglevel", "info"],
+                [sys.executable, "-m", "arbiter", *self.command, "--port", str(self.port)],
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         deadline = time.monotonic() + timeout
         while True:

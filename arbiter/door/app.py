@@ -10,9 +10,9 @@ status that fits (``arbiter.door.errors``).
 
 The rooms: ``routes`` (one router per area), ``bodies`` (what a request may hold), ``calls``
 (the authenticated caller and its rate-limited call), ``errors`` (refusals and faults),
-``limits`` (body size), ``session`` (the WebSocket session's state machine), ``state`` (who is
-connected). One-shot calls are plain HTTP (``/v1/...``, see ``/docs``); an agent that holds
-leases opens a WebSocket session (``/v1/session``).
+``limits`` (body size), ``origin`` (which hosts and origins are answered), ``session`` (the
+WebSocket session's state machine), ``state`` (who is connected). One-shot calls are plain HTTP
+(``/v1/...``, see ``/docs``); an agent that holds leases opens a WebSocket session (``/v1/session``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from arbiter.edge.settings import Settings
 from . import errors, mcp
 from .limits import BodyLimit
 from .metrics import CountCalls, DoorMetrics
+from .origin import CheckOrigin
 from .routes import ROUTERS
 from .state import Door
 
@@ -83,6 +84,7 @@ def create_app(settings: Settings, door: Door | None = None,
     app.state.metrics = DoorMetrics(door)
     app.add_middleware(BodyLimit, limit=settings.door_max_body_bytes)
     app.add_middleware(CountCalls, metrics=app.state.metrics)
+    app.add_middleware(CheckOrigin, settings=settings)  # the outermost: a request for another host meets nothing
     errors.install(app)
     for router in ROUTERS:
         app.include_router(router)

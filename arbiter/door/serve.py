@@ -42,6 +42,9 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
     logging.getLogger("arbiter.door").setLevel(logging.INFO)
     logging.getLogger("aiokafka").setLevel(max(logging.WARNING, logging.getLogger().level))
     host = host or settings.door_host
+    # What the door answers depends on where it listens (a loopback console needs no key): the address
+    # given on the command line is the one.
+    settings = settings.model_copy(update={"door_host": host})
     sock = listen(host, settings.door_port if port is None else port)
     bound = sock.getsockname()[1]
     scheme = "https" if ssl_certfile else "http"

@@ -261,6 +261,12 @@ class Settings(BaseSettings):
 
     door_port: int = Field(default=8080, ge=0, le=65535)
 
+    door_allowed_hosts: str = ""
+    """Host names (comma separated) a door answers besides ``localhost`` and loopback addresses (and, when
+    it listens beyond loopback, any IP address): the names its clients reach it by, such as
+    ``arbiter.example.com``. A request for another name is refused (421), so no web page reaches the door
+    through DNS rebinding. ``*``: any name, only behind a proxy that checks ``Host`` itself."""
+
     door_max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     """Largest HTTP request body or WebSocket frame the door reads; larger ones get 413 / close 1009."""
 
@@ -416,6 +422,10 @@ class Settings(BaseSettings):
     def operator_names(self) -> set[str]:
         """``console_operators`` as a set."""
         return {n.strip() for n in self.console_operators.split(",") if n.strip()}
+
+    def allowed_host_names(self) -> set[str]:
+        """``door_allowed_hosts`` as a set."""
+        return {n.strip() for n in self.door_allowed_hosts.split(",") if n.strip()}
 
     def bootstrap_list(self) -> list[str]:
         """Bootstrap servers as a list."""

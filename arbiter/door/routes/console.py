@@ -21,18 +21,18 @@ from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
 from ..calls import door_of
 from ..errors import Refusal
+from ..origin import is_loopback
 
 router = APIRouter(tags=["console"])
 
 STATIC = Path(__file__).resolve().parent.parent / "static"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 QUEUE = 20_000
 """Changes a slow page may leave unread; past them its stream ends (it reconnects for a new snapshot)."""
 
 
 async def _operator(request: Request) -> None:
     door = door_of(request)
-    if door.settings.door_host in LOOPBACK:
+    if is_loopback(door.settings.door_host):
         return
     signer, _entry = await door.authenticate(request.headers.get("authorization"))
     if signer.name not in door.settings.operator_names():

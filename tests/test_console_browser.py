@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,8 +20,9 @@ import pytest
 
 from arbiter.agents import ArbiterClient
 from arbiter.edge.settings import Settings
-from arbiter.processes import DoorProcess, settings_env
+from arbiter.processes import DoorProcess, WorkerPool, settings_env, wait_until_served
 from arbiter.schemas import DeadlockDetected
+from arbiter.schemas.partitioning import key_for_partition
 from bench.cdp import Browser
 
 from .test_audit_html import chromium
@@ -88,6 +90,52 @@ async def test_the_console_shows_a_live_run(kafka_settings: Settings, door: Door
     body = json.loads(await asyncio.to_thread(
         lambda: urllib.request.urlopen(door.url + "/console/history?name=doc:live", timeout=10).read()))
     assert [e["kind"] for e in body["events"]][:2] == ["granted", "queued"] and "token" not in json.dumps(body)
+
+
+async def test_the_console_shows_running_workers_their_lag_and_whole_saga_rows(
+        kafka_settings: Settings, workers: WorkerPool, tmp_path: Path) -> None:
+    """A worker that stopped is not listed as one that runs; the lag is one figure; a saga's row, with its
+    long id, fits its panel (its status and counts are not cut off)."""
+    settings = kafka_settings
+    workers.start(2)
+    keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
+    async with ArbiterClient("warmup", settings) as client:
+        await wait_until_served(client, workers, keys)
+    door = DoorProcess(settings, log_dir=tmp_path)
+    await asyncio.to_thread(door.start)
+    try:
+        async with ArbiterClient("ann-of-the-long-name", settings) as ann, \
+                Browser(chromium(), tmp_path / "profile") as page:
+            saga = ann.open_saga("refund-order-8492-for-a-customer-who-waited")
+            await saga.step("doc:console-saga", "commit", {"patch": {"x": 1}}, base_version=0,
+                            compensate=("commit", {"patch": {"x": None}}))
+            await ann.finish_saga(saga, "test")
+            stopped = workers.workers[1]
+            stopped.proc.send_signal(signal.SIGTERM)  # leaves the group as it stops
+            await asyncio.to_thread(stopped.proc.wait, 30)
+
+            await page.open(door.url + "/")
+            await page.until("document.getElementById('status').textContent === 'live'")
+            running = await page.until("(() => { const w = [...document.querySelectorAll('#workers .worker')]"
+                                       ".map(e => e.dataset.worker); return w.length === 1 && w; })()", timeout=15)
+            assert running == ["worker-1"], running
+            assert "1 stopped" in await page.eval("document.getElementById('workers').textContent")
+            lag = await page.until("(t => !t.includes('measuring') && t)(document.getElementById('lag-total')"
+                                   ".textContent)", timeout=15)
+            assert lag.startswith("lag: "), lag
+            cells = await page.until(f"""(() => {{
+                const row = [...document.querySelectorAll('#sagas tr')].find(r => r.textContent.includes(
+                    {json.dumps(saga.saga_id)}));
+                if (!row) return null;
+                const panel = row.closest('section').getBoundingClientRect();
+                return [...row.cells].map(c => [c.textContent, c.getBoundingClientRect().right <= panel.right]);
+            }})()""", timeout=15)
+            assert [c[0] for c in cells] == [saga.saga_id, "COMPENSATED", "1 step, 1 compensated"], cells
+            assert all(inside for _, inside in cells), f"a saga's cell reaches past its panel: {cells}"
+            await page.screenshot(artifacts(tmp_path) / "console-workers.png")
+            assert page.errors == [], page.errors
+    finally:
+        await asyncio.to_thread(door.stop)
 
 
 async def _first_deadlock(*clients: ArbiterClient) -> DeadlockDetected:

@@ -73,8 +73,11 @@ class LiveState:
     refusals: dict[int, dict[str, int]] = field(default_factory=dict)
     """bucket start (s) -> reason -> count."""
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """worker id -> what it announced when it started (``WorkerStarted``), running or not."""
+    members: list[str] | None = None
+    """The ids of the workers in the workers' group now (None: not measured yet): the ones running."""
     lag: dict[str, int] = field(default_factory=dict)
-    """topic/partition -> inputs not yet decided by the workers' group."""
+    """topic/partition -> inputs not yet decided by the workers' group (every input partition)."""
     history: dict[str, deque[dict[str, Any]]] = field(
         default_factory=lambda: defaultdict(lambda: deque(maxlen=HISTORY)))
     decisions: int = 0
@@ -85,7 +88,7 @@ class LiveState:
                                                   if v["holders"] or v["queue"]},
                 "edges": list(self.edges.values()), "deadlocks": list(self.deadlocks),
                 "sagas": dict(list(self.sagas.items())[-200:]), "refusals": self._refusals(),
-                "workers": self.workers, "lag": self.lag, "decisions": self.decisions}
+                "workers": self.workers, "members": self.members, "lag": self.lag, "decisions": self.decisions}
 
     def _refusals(self) -> list[dict[str, Any]]:
         keep = sorted(self.refusals)[-BUCKETS:]
@@ -246,26 +249,42 @@ class LiveFeed:
         await self.stop()
 
     async def _lag_forever(self, every: float = 2.0) -> None:
-        """The workers' group lag per input partition (committed offset to end), every ``every`` seconds."""
-        topics = self.settings.topics
-        inputs = [topics.resource_commands, topics.wait_edges, topics.saga_commands]
+        """The workers' group, every ``every`` seconds: who is in it, and its lag per input partition."""
         admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap, **kafka_client_options(self.settings))
         try:
             await admin.start()
             while True:
                 with contextlib.suppress(Exception):  # an outage: the last figures stand until it ends
-                    committed = await admin.list_consumer_group_offsets(self.settings.app_id)
-                    assert self._tail is not None
-                    ends = await self._tail.consumer.end_offsets(
-                        [tp for tp in committed if tp.topic in inputs] or
-                        [TopicPartition(t, p) for t in inputs for p in range(self.settings.partitions)])
-                    lag = {f"{tp.topic}/{tp.partition}": max(0, end - (committed[tp].offset if tp in committed
-                                                                       else 0))
-                           for tp, end in ends.items()}
+                    members, lag = await self._measure(admin)
+                    at = int(time.time() * 1000)
+                    if members != self.state.members:
+                        self.state.members = members
+                        self._tell({"kind": "members", "members": members, "at": at})
                     if lag != self.state.lag:
                         self.state.lag = lag
-                        for listener in tuple(self.listeners):
-                            listener({"kind": "lag", "lag": lag, "at": int(time.time() * 1000)})
+                        self._tell({"kind": "lag", "lag": lag, "at": at})
                 await asyncio.sleep(every)
         finally:
             await close_client(admin)
+
+    async def _measure(self, admin: AIOKafkaAdminClient) -> tuple[list[str], dict[str, int]]:
+        """The client ids of the group's members (a worker's is its id), and, for every input partition,
+        the inputs after the group's committed offset (after the log's start where none is committed)."""
+        group = self.settings.app_id
+        described = await admin.describe_consumer_groups([group])
+        members = sorted(m["client_id"] for r in described for g in r.to_object()["groups"] if g["group"] == group
+                         for m in g["members"])
+        committed = await admin.list_consumer_group_offsets(group)
+        topics = self.settings.topics
+        assert self._tail is not None
+        consumer = self._tail.consumer
+        inputs = [TopicPartition(t, p) for t in (topics.resource_commands, topics.wait_edges, topics.saga_commands)
+                  for p in range(self.settings.partitions)]  # co-partitioned: as many partitions each
+        ends, starts = await consumer.end_offsets(inputs), await consumer.beginning_offsets(inputs)
+        return members, {f"{tp.topic}/{tp.partition}": max(0, end - (
+            committed[tp].offset if tp in committed and committed[tp].offset >= 0 else starts[tp]))
+                         for tp, end in ends.items()}
+
+    def _tell(self, change: dict[str, Any]) -> None:
+        for listener in tuple(self.listeners):
+            listener(change)

@@ -355,7 +355,8 @@ class Worker:
             partitions=settings.partitions, started_at_ms=now_ms()))
         session, heartbeat = await self._session_timeouts()
         self.consumer = AIOKafkaConsumer(
-            bootstrap_servers=settings.bootstrap, group_id=settings.app_id, enable_auto_commit=False,
+            # Its client id is the worker's: the group's members say which workers run (the console shows them).
+            client_id=self.me, bootstrap_servers=settings.bootstrap, group_id=settings.app_id, enable_auto_commit=False,
             auto_offset_reset="earliest", isolation_level="read_committed",
             fetch_max_wait_ms=settings.fetch_max_wait_ms,
             session_timeout_ms=round(session * 1000),

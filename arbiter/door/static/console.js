@@ -1,7 +1,7 @@
 // Arbiter's live console. Every name is user input: it is only ever set as text (textContent), never as HTML.
 "use strict";
 const state = { resources: new Map(), edges: new Map(), deadlocks: [], sagas: new Map(), refusals: [],
-                workers: {}, lag: {}, decisions: 0, seen: [] };
+                workers: {}, members: null, lag: {}, decisions: 0, seen: [] };
 let dirty = true, key = sessionStorage.getItem("arbiter-key") || "";
 window.arbiterConsole = { state, appeared: {} };   // for tests: when each holder first appeared (ms)
 const $ = (id) => document.getElementById(id);
@@ -28,7 +28,8 @@ function apply(change) {
       state.resources = new Map(Object.entries(change.resources));
       state.edges = new Map(change.edges.map((e) => [e.id, e]));
       state.deadlocks = change.deadlocks; state.sagas = new Map(Object.entries(change.sagas));
-      state.refusals = change.refusals; state.workers = change.workers; state.lag = change.lag;
+      state.refusals = change.refusals; state.workers = change.workers; state.members = change.members;
+      state.lag = change.lag;
       state.decisions = change.decisions;
       for (const [r, b] of state.resources) noteHolders(r, b);
       break;
@@ -49,6 +50,7 @@ function apply(change) {
     case "deadlock": state.deadlocks.push(change.deadlock); break;
     case "saga": state.sagas.set(change.saga.id, change.saga); break;
     case "worker": state.workers[change.worker.id] = change.worker; break;
+    case "members": state.members = change.members; break;
     case "lag": state.lag = change.lag; break;
     case "dead_letter": addRefusal(change.at, "dead letter: " + change.reason); break;
     case "overflow": reconnect(); break;
@@ -100,9 +102,31 @@ function render() {
   ref.replaceChildren(...(bars.length ? bars : [el("div", "none", "dim")]));
   const sagas = [...state.sagas.values()].slice(-50).reverse();
   $("sagas").replaceChildren(...sagas.map((s) => row([el("span", s.id), el("span", s.status, s.status === "COMPENSATION_FAILED" ? "victim" : ""),
-                                                      el("span", s.steps + " steps, " + s.compensated + " compensated", "dim")])));
-  $("workers").replaceChildren(...Object.values(state.workers).map((w) => el("div", w.id + "  " + w.guarantee)));
-  $("lag").replaceChildren(...Object.entries(state.lag).sort().map(([tp, n]) => row([el("span", tp), el("span", n + " behind", n ? "queued" : "dim")])));
+                                                      el("span", plural(s.steps, "step") + ", " + s.compensated + " compensated", "dim")])));
+  renderWorkers();
+}
+
+function plural(n, word) { return n + " " + word + (n === 1 ? "" : "s"); }
+
+// The workers running are the members of the workers' group; a worker that announced its start and is not
+// in the group has stopped. The lag is every input partition's, summed: one figure, then the partitions behind.
+function renderWorkers() {
+  const running = state.members || [];
+  const lines = running.map((id) => {
+    const line = el("div", id + (state.workers[id] ? "  " + state.workers[id].guarantee : ""), "worker");
+    line.dataset.worker = id; return line;
+  });
+  const stopped = Object.keys(state.workers).filter((id) => !running.includes(id)).length;
+  if (state.members === null) lines.push(el("div", "measuring…", "dim"));
+  else if (!running.length) lines.push(el("div", "no worker is running", "victim"));
+  if (stopped && state.members !== null) lines.push(el("div", stopped + " stopped", "dim"));
+  $("workers").replaceChildren(...lines);
+  const behind = Object.entries(state.lag).filter(([, n]) => n > 0).sort((a, b) => b[1] - a[1]);
+  const total = behind.reduce((sum, [, n]) => sum + n, 0);
+  const known = Object.keys(state.lag).length > 0;
+  $("lag-total").textContent = !known ? "lag: measuring…" : total ? "lag: " + plural(total, "input") + " behind" : "lag: 0, caught up";
+  $("lag-total").className = total ? "queued" : "dim";
+  $("lag").replaceChildren(...behind.slice(0, 20).map(([tp, n]) => row([el("span", tp), el("span", n + " behind", "queued")])));
 }
 
 async function search(name) {

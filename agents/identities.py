@@ -20,7 +20,14 @@ from aiokafka import AIOKafkaProducer
 from arbiter.edge.clock import now_ms
 from arbiter.edge.kafkaauth import kafka_client_options
 from arbiter.edge.kafkaconn import started
-from arbiter.edge.keys import anchors_for, key_file, keys_dir, read_private_key, write_private_key
+from arbiter.edge.keys import (
+    anchors_for,
+    key_file,
+    keys_dir,
+    read_private_key,
+    registering,
+    write_private_key,
+)
 from arbiter.edge.registryfeed import RegistryFeed
 from arbiter.edge.settings import Settings
 from arbiter.schemas import CompensationRequested, IdentityRegistered, LockRevokeRequested, Record, default_codec
@@ -215,28 +222,31 @@ async def ensure_identity(settings: Settings, name: str, role: str = ROLE_AGENT)
     """The signer of ``name`` from its key file; when there is none, issue one with this home's
     admin key (used for the workers' identity, and for agents under ``auto_enroll``). A key file
     the registry has never seen (a home reused with new topics) is registered; a key the registry
-    knows is never registered again, so a revoked key stays revoked."""
+    knows is never registered again, so a revoked key stays revoked.
+
+    The processes of one home register one name one at a time (``registering``), so two workers
+    that start at once on a fresh registry write one record, not two; a second record from
+    elsewhere that says the same is a repeat the registry ignores (``Registry.apply``)."""
     path = key_file(settings.home, name)
-    if path.exists():
+    if path.exists() and not (keys_dir(settings.home) / "admin.key").exists():
+        return _read_settled(path, name)  # without the admin key, registering is someone else's job
+    async with registering(settings.home, name):
+        if not path.exists():
+            try:
+                return await Registrar(settings).add(name, role=role)
+            except IdentityError:
+                if path.exists():  # ``arbiter agents add`` (which takes no lock) issued it at this moment
+                    return _read_settled(path, name)
+                raise
         signer = _read_settled(path, name)
-        if (keys_dir(settings.home) / "admin.key").exists():
-            registrar = Registrar(settings, create_admin=False)
-            entries = await registrar.entries()
-            if not any(e.key_id == signer.key_id for e in entries):
-                if any(e.name == name and e.status == ACTIVE and not e.credential for e in entries):
-                    raise IdentityError(f"{path} is not {name!r}'s registered key (another key is active); "
-                                        f"remove the file, or rotate {name!r}")
-                await registrar.publish([registrar._entry(signer, role, "", [])])
+        registrar = Registrar(settings, create_admin=False)
+        entries = await registrar.entries()
+        if not any(e.key_id == signer.key_id for e in entries):
+            if any(e.name == name and e.status == ACTIVE and not e.credential for e in entries):
+                raise IdentityError(f"{path} is not {name!r}'s registered key (another key is active); "
+                                    f"remove the file, or rotate {name!r}")
+            await registrar.publish([registrar._entry(signer, role, "", [])])
         return signer
-    registrar = Registrar(settings)
-    try:
-        return await registrar.add(name, role=role)
-    except IdentityError:
-        if path.exists():  # another process issued it at the same moment
-            return _read_settled(path, name)
-        raise
-
-
 
 
 async def ensure_credential(settings: Settings, name: str) -> Signer:

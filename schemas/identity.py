@@ -25,7 +25,9 @@ and a message appended by the broker at or after that time does not verify. The 
 set a little in the future when the change is made (``END_GRACE_MS``), so that every
 worker has read it before it takes effect and a replay decides exactly as the workers did.
 A key's records only move forward (active, then ended), so an old record written again
-cannot bring an ended key back.
+cannot bring an ended key back. A record that says what the one in effect says, written at
+another moment (two processes registering one key at once), is a repeat: it changes nothing
+and is not refused.
 
 Credentials: an identity's own key never leaves its holder. What an agent hands to the
 front door (an API key) is a *credential*: a key pair of its own, registered for the same
@@ -374,6 +376,17 @@ records only move forward, so an old record written again (or copied to another 
 registry topic) can never bring an ended key back."""
 
 
+_WHEN_WRITTEN: set[str] = {"at_ms", "valid_from_ms"}
+"""The fields of a registry record that say when the admin wrote it, not what it says."""
+
+
+def repeats(new: IdentityRegistered, old: IdentityRegistered) -> bool:
+    """Whether ``new`` says what ``old`` (the same key's record in effect) says, written at another
+    moment: two processes that register one key at once (two workers starting on a fresh registry)
+    each write such a record, in either order. A repeat changes nothing, and is never a refusal."""
+    return new.model_dump(exclude=_WHEN_WRITTEN) == old.model_dump(exclude=_WHEN_WRITTEN)
+
+
 def _later(new: IdentityRegistered, old: IdentityRegistered) -> bool:
     """Whether ``new`` may replace ``old`` (the same key's record): never back to active once ended, never
     to an earlier record, and an ended key's end never moves later."""
@@ -396,6 +409,8 @@ class Registry:
         self._keys: dict[str, PublicKey] = {}
         self.refused: list[str] = []
         """Registry records that were not signed by an anchor (never applied)."""
+        self.repeats = 0
+        """Admin-signed records that repeated the record in effect for their key (``repeats``): no-ops."""
         self._roots: dict[tuple[str, bytes, bytes], None] = {}
         """Batch roots whose signature verified (the oldest forgotten first): the other messages of a
         batch cost a few hashes, not a signature check."""
@@ -426,6 +441,9 @@ class Registry:
             self.refused.append(record.key_id)
             return Refused(Reason.UNAUTHENTICATED, "registry record's key id does not match its public key")
         known = self.entries.get(record.key_id)
+        if known is not None and repeats(record, known):
+            self.repeats += 1  # the record in effect stays: its times are when the key was first registered
+            return None
         if known is not None and not _later(record, known):
             return Refused(Reason.UNAUTHENTICATED, f"registry record for {record.name!r} ({record.status}) is older "
                                                    f"than the one in effect ({known.status}): ignored")

@@ -21,7 +21,7 @@ from aiokafka import AIOKafkaProducer
 from click.testing import CliRunner, Result
 
 from arbiter.agents import ArbiterClient
-from arbiter.agents.identities import Operator, ensure_identity
+from arbiter.agents.identities import Operator, Registrar, ensure_identity
 from arbiter.audit import TrustAnchorsMissing, audit
 from arbiter.audit.html import render
 from arbiter.audit.log import Log, read_log, write_archive
@@ -35,13 +35,18 @@ from arbiter.schemas import (
     Cause,
     DeadLetter,
     Holder,
+    IdentityRegistered,
     LockGranted,
     LockRequested,
     LockRevokeRequested,
     Record,
+    WorkerStarted,
     default_codec,
 )
 from arbiter.schemas.identity import Signer
+from arbiter.streams.runtime.topics import ensure_topics
+
+from .conftest import isolated_settings
 
 pytestmark = pytest.mark.kafka
 
@@ -184,6 +189,53 @@ async def test_forged_decisions_are_intrusions_detected_and_never_hold_a_lease(
     assert all(where in result.output for where in forged.values()), result.output
     strict = await _cli(env, "audit", "--log", str(archive), "--strict")
     assert strict.exit_code == 1, strict.output
+
+
+async def _started(settings: Settings, count: int, pool: WorkerPool, timeout: float = 90.0) -> Log:
+    """The log once ``count`` workers have announced themselves (each registered its key before that)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pool.check_alive()
+        log = await read_log(settings)
+        if sum(isinstance(e.record, WorkerStarted) for e in log.of(settings.topics.workers)) >= count:
+            return log
+        assert time.monotonic() < deadline, f"{count} workers did not start within {timeout} s"
+        await asyncio.sleep(0.2)
+
+
+async def test_workers_starting_together_on_a_fresh_registry_register_their_key_once(
+        bootstrap: str, tmp_path: Path) -> None:
+    """Finding: in a home where a worker had run, two workers of a new run each registered the worker key
+    in the run's empty registry, a few ms apart; the record written first but reaching the log second was
+    refused as older than the one in effect, and the audit called that an intrusion. Now the processes of
+    one home register a key one at a time, and a repeat would be a no-op anyway: round after round, every
+    worker key is registered once, and the audit finds nothing."""
+    home = tmp_path / "home"  # shared by the rounds: the first issues the key, the others reuse it
+    for round_ in range(4):
+        settings = isolated_settings(bootstrap, home, auto_enroll=False)
+        await ensure_topics(settings)
+        pool = WorkerPool(settings)
+        try:
+            pool.start(3)
+            await _started(settings, 3, pool)
+        finally:
+            await asyncio.to_thread(pool.stop)
+        log = await read_log(settings)
+        records = [e.record for e in log.of(settings.topics.registry) if isinstance(e.record, IdentityRegistered)]
+        keys = [r.key_id for r in records]
+        assert records and len(keys) == len(set(keys)), f"round {round_}: a key registered twice: {records}"
+        report = await audit(log, settings)
+        assert report["verdict"] == "pass" and report["intrusions"] == 0 and not report["findings"], \
+            f"round {round_}: " + "\n".join(_problems(report))
+    # A process of another home (no shared lock) registering the same key a moment earlier, its record
+    # reaching the log second: a repeat the audit counts, not an intrusion.
+    (worker_key,) = records
+    earlier = worker_key.model_copy(update={"at_ms": worker_key.at_ms - 22, "valid_from_ms": worker_key.at_ms - 22})
+    await Registrar(settings, create_admin=False).publish([earlier])
+    report = await audit(await read_log(settings), settings)
+    assert report["verdict"] == "pass" and report["intrusions"] == 0 and not report["findings"], \
+        "\n".join(_problems(report))
+    assert report["stats"]["registry_repeats"] == 1 and report["stats"]["registry_records"] == 2, report["stats"]
 
 
 async def test_an_operator_override_is_a_human_action(kafka_settings: Settings, worker: WorkerPool) -> None:

@@ -636,6 +636,8 @@ def check_authenticated(log: Log, settings: Settings, anchors: list[bytes],
                              at_ms=entry.timestamp_ms)
                 continue
         stats["signatures_verified"] += 1
+    # Two processes registering one key at once (``Registry.apply``): a repeat, not an intrusion.
+    stats["registry_repeats"] = registry.repeats
 
     refused: dict[tuple[str, int, int], set[str]] = defaultdict(set)
     reached: dict[tuple[str, int], int] = {}

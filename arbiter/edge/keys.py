@@ -8,7 +8,12 @@ text.
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from arbiter.schemas.identity import ROLE_ADMIN, IdentityError, Signer, parse_public_keys, valid_name
@@ -39,6 +44,32 @@ def write_private_key(path: Path, signer: Signer) -> bool:
     with os.fdopen(fd, "wb") as out:
         out.write(signer.private_pem())
     return True
+
+
+@asynccontextmanager
+async def registering(home: Path, name: str, timeout: float = 60.0) -> AsyncIterator[None]:
+    """Hold this home's lock on registering ``name`` (``<home>/keys/.NAME.lock``), so that processes
+    sharing a home that register one identity at once (workers starting together, agents enrolled
+    by ``auto_enroll``) do it one after the other: the later one finds the key registered. The lock
+    is the kernel's (``flock``): a process that dies holding it releases it."""
+    path = key_file(home, name).with_name(f".{name}.lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise IdentityError(f"another process has been registering {name!r} for {timeout:.0f} s "
+                                        f"({path} is locked); is it stuck?") from None
+                await asyncio.sleep(0.02)  # polled, not a blocking flock: the event loop goes on meanwhile
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def read_private_key(path: Path, name: str) -> Signer:

@@ -174,6 +174,27 @@ def test_a_rotated_or_revoked_key_verifies_only_before_its_end(registry: Registr
     assert isinstance(late, Refused) and status in late.detail
 
 
+@pytest.mark.parametrize("status", [ACTIVE, ROTATED])
+def test_one_key_registered_twice_at_once_is_a_repeat_in_either_order(alice: Signer, status: str) -> None:
+    """Two processes that register one key at once write two records that differ only in when they were
+    written, and either may reach the log first: the second is a no-op, never a refusal (which the audit
+    would call an intrusion), and the record in effect stays."""
+    ended = {"ended_at_ms": 9_000} if status != ACTIVE else {}
+    first = entry(alice, status=status, valid_from_ms=1_022, at_ms=1_022, **ended)
+    second = entry(alice, status=status, valid_from_ms=1_000, at_ms=1_000, **ended)
+    for one, other in ((first, second), (second, first)):
+        registry = Registry([ADMIN.public_raw])
+        assert register(registry, one) is None
+        assert register(registry, other) is None and registry.repeats == 1
+        assert registry.entries[alice.key_id] == one and not registry.refused
+    # What differs in substance is still judged by the rule that records only move forward.
+    registry = Registry([ADMIN.public_raw])
+    assert register(registry, entry(alice, status=REVOKED, ended_at_ms=5_000, at_ms=2_000)) is None
+    assert isinstance(register(registry, entry(alice, at_ms=3_000)), Refused)
+    assert isinstance(register(registry, entry(alice, allow=["doc:"], at_ms=1)), Refused)
+    assert registry.repeats == 0 and registry.entries[alice.key_id].status == REVOKED
+
+
 def test_an_anchor_signs_as_admin_without_a_registry_record(registry: Registry) -> None:
     revoke = LockRevokeRequested(request_id="o1", resource="ticket:1", agent_id="alice", reason="stuck",
                                  requested_by="admin", sent_at_ms=1)

@@ -11,24 +11,32 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
 
 from .console import fail, settings_of
 
-_ACCOUNT = re.compile(r"^[A-Za-z0-9_.@:-]{1,128}$")
 
-
-def _ledger(ctx: click.Context) -> Any:
-    from arbiter.streams.tools.ledger import Ledger
+@contextmanager
+def _ledger(ctx: click.Context) -> Iterator[Any]:
+    """The ledger, closed after; what its database answers with an error is a refusal, not a traceback."""
+    from arbiter.streams.tools.ledger import Ledger, database_errors
 
     dsn = settings_of(ctx).ledger_url()
     try:
-        return Ledger(dsn)
+        book = Ledger(dsn)
     except Exception as exc:  # a wrong DSN, an unreachable PostgreSQL, a file it cannot create
         fail(f"cannot open the ledger {_safe(dsn)}: {exc}", "set ARBITER_LEDGER_DSN (postgresql://...) or "
              "ARBITER_HOME (the SQLite file is <home>/ledger.sqlite3)")
+    try:
+        yield book
+    except database_errors() as exc:
+        fail(f"the ledger {_safe(dsn)} refused: {exc}", "nothing was changed")
+    finally:
+        book.close()
 
 
 def _safe(dsn: str) -> str:
@@ -37,9 +45,12 @@ def _safe(dsn: str) -> str:
 
 
 def _account_id(name: str) -> str:
+    from arbiter.streams.tools.ledger import account_problem
+
     account = name.removeprefix("account:")
-    if not _ACCOUNT.match(account):
-        fail(f"account {name!r}: an account id is 1-128 letters, digits and _.@:- (the resource is account:<id>)")
+    problem = account_problem(account)
+    if problem:
+        fail(f"account {name!r}: {problem}")
     return account
 
 
@@ -55,18 +66,21 @@ def ledger() -> None:
 def open_accounts(ctx: click.Context, accounts: tuple[str, ...], balance: int) -> None:
     """Open ACCOUNTS (ids, or account:<id> resource names) with --balance cents each.
 
-    Refuses, and opens none, when one of them exists already. Prints what it opened as JSON."""
-    ids = sorted({_account_id(a) for a in accounts})
-    book = _ledger(ctx)
-    try:
-        existing = sorted(set(ids) & set(book.balances()))
-        if existing:
-            fail(f"account(s) {', '.join(existing)} exist already: nothing opened",
-                 "'arbiter ledger show' lists the accounts; money moves only through the gateway's tools")
-        book.add_accounts({account: balance for account in ids})
-        click.echo(json.dumps({"opened": [{"resource": f"account:{a}", "balance": balance} for a in ids]}))
-    finally:
-        book.close()
+    Refuses, and opens none, when one of them exists already, is named twice, or the balance is more
+    than the ledger holds. Prints what it opened as JSON."""
+    from arbiter.streams.tools.ledger import LedgerError
+
+    ids = [_account_id(a) for a in accounts]
+    twice = sorted({a for a in ids if ids.count(a) > 1})
+    if twice:
+        fail(f"account(s) {', '.join(twice)} named more than once: nothing opened")
+    with _ledger(ctx) as book:
+        try:
+            book.add_accounts(dict.fromkeys(ids, balance))
+        except LedgerError as exc:
+            fail(f"{exc}: nothing opened", "'arbiter ledger show' lists the accounts; money moves only through "
+                 "the gateway's tools")
+        click.echo(json.dumps({"opened": [{"resource": f"account:{a}", "balance": balance} for a in sorted(ids)]}))
 
 
 @ledger.command("show")
@@ -75,8 +89,7 @@ def open_accounts(ctx: click.Context, accounts: tuple[str, ...], balance: int) -
 def show(ctx: click.Context, resource: str | None) -> None:
     """Every account's balance and the ledger's invariants as JSON; or one RESOURCE's content
     (``account:<id>`` or a document's name). Exit 1 when the resource does not exist."""
-    book = _ledger(ctx)
-    try:
+    with _ledger(ctx) as book:
         if resource is None:
             click.echo(json.dumps({"accounts": book.balances(), "invariants": book.invariants()}))
             return
@@ -91,8 +104,6 @@ def show(ctx: click.Context, resource: str | None) -> None:
             fail(f"no {resource!r} in the ledger", "open an account with 'arbiter ledger open'; a document "
                  "exists once its first commit applied")
         click.echo(json.dumps(found))
-    finally:
-        book.close()
 
 
 @ledger.command("tools")

@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -309,3 +310,47 @@ def test_agents_add_list_rotate_revoke_from_a_shell(kafka_settings: Settings) ->
     assert [r["reason"] for r in rows if r["name"] == "bob"] == ["left the team"]
     bad = agents("add", "saga:x")
     assert bad.returncode == 1 and "reserved" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_ledger_verbs_refuse_edge_values_and_change_nothing(ledger_dsn: str, tmp_path: Path) -> None:
+    """Finding: 'arbiter ledger open payouts --balance 0' on a fresh ledger ended in an IntegrityError
+    traceback. Each verb, given zero, negative and huge balances, names twice, accounts that exist or do
+    not, answers an 'error:' line and a non-zero exit, and the ledger is as it was; never a traceback."""
+    from click.testing import CliRunner
+
+    from arbiter.cli import main
+
+    runner = CliRunner(env={"ARBITER_HOME": str(tmp_path), "ARBITER_LEDGER_DSN": ledger_dsn})
+
+    def ledger(*args: str) -> Any:
+        result = runner.invoke(main, ["ledger", *args])
+        assert result.exception is None or isinstance(result.exception, SystemExit), (args, result.exc_info)
+        return result
+
+    opened = ledger("open", "payouts", "--balance", "0")
+    assert opened.exit_code == 0 and opened.stdout.strip() == \
+        '{"opened": [{"resource": "account:payouts", "balance": 0}]}', opened.stderr
+    assert ledger("open", "account:cust_1", "cust_2", "--balance", "500").exit_code == 0
+    before = ledger("show").stdout
+    assert '"cust_1": 500' in before and '"total": 1000' in before, before
+    refused = {
+        ("open", "payouts", "--balance", "0"): "exist already",
+        ("open", "cust_3", "cust_1", "--balance", "1"): "cust_1 exist already",
+        ("open", "cust_3", "account:cust_3", "--balance", "1"): "named more than once",
+        ("open", "cust_3", "--balance", "-1"): "not in the range",
+        ("open", "cust_3", "--balance", str(10**18 + 1)): "an integer of 0 to",
+        ("open", "cust_3", "--balance", str(2**64)): "an integer of 0 to",
+        ("open", "cust_3", "cust_4", "--balance", str(10**18 // 2)): "more than its",
+        ("open", "cust_3", "--balance", "ten"): "is not a valid integer",
+        ("open", "bad name", "--balance", "1"): "account id is 1-128",
+        ("open", "account:", "--balance", "1"): "account id is 1-128",
+        ("open", "x" * 129, "--balance", "1"): "account id is 1-128",
+        ("show", "account:nobody"): "no 'account:nobody'",
+        ("show", "account:bad name"): "account id is 1-128",
+        ("show", "doc:never-written"): "no 'doc:never-written'",
+    }
+    for args, says in refused.items():
+        result = ledger(*args)
+        assert result.exit_code != 0 and says in result.stderr, (args, result.stderr)
+        assert not result.stdout, (args, result.stdout)
+        assert ledger("show").stdout == before, args

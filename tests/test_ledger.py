@@ -4,11 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
+from typing import Any
 
 import pytest
 
 from arbiter.schemas import ToolIntent
-from arbiter.streams.tools.ledger import Ledger, merge_patch, register_ledger_tools
+from arbiter.streams.tools.ledger import (
+    MAX_TOTAL,
+    PAYOUTS,
+    Ledger,
+    LedgerError,
+    merge_patch,
+    register_ledger_tools,
+)
 from arbiter.streams.tools.registry import ToolRegistry
 
 
@@ -131,3 +140,96 @@ def test_an_intent_is_its_resource_and_its_id_as_at_the_gateway(ledger: Ledger, 
     assert undone == (True, {"reversed": "i1", "amount": 100})
     assert ledger.balances()["cust_1"] == 500 and ledger.balances()["cust_8492"] == 9_900
     assert ledger.invariants()["ok"]
+
+
+def everything(ledger: Ledger) -> dict[str, Any]:
+    """Every row the ledger keeps: what a refused change must leave as it was."""
+    with ledger.transaction() as cur:
+        return {table: sorted(map(repr, cur.run(f"SELECT * FROM {table}")))
+                for table in ("accounts", "intent_results", "refunds", "documents", "ledger_meta")}
+
+
+def test_opening_payouts_on_a_fresh_ledger_opens_it(ledger_dsn: str) -> None:
+    """Finding: 'arbiter ledger open payouts --balance 0' on a fresh ledger ended in an IntegrityError
+    (payouts was opened twice in one transaction: once as the refunds' account, once as asked)."""
+    ledger = Ledger(ledger_dsn)
+    ledger.add_accounts({PAYOUTS: 0})
+    assert ledger.balances() == {PAYOUTS: 0} and ledger.invariants()["ok"]
+    ledger.add_accounts({"cust_1": 500})
+    assert ledger.balances() == {PAYOUTS: 0, "cust_1": 500} and ledger.invariants()["total"] == 500
+
+
+@pytest.mark.parametrize(("balances", "says"), [
+    ({PAYOUTS: 0}, "exist already"),
+    ({"cust_2": 5, "cust_1": 1}, "cust_1 exist already"),
+    ({"cust_2": -1}, "an integer of 0 to"),
+    ({"cust_2": MAX_TOTAL + 1}, "an integer of 0 to"),
+    ({"cust_2": 2**63}, "an integer of 0 to"),
+    ({"cust_2": True}, "an integer of 0 to"),
+    ({"cust_2": 1.5}, "an integer of 0 to"),
+    ({"cust_2": MAX_TOTAL - 100, "cust_3": 1}, "more than its"),
+    ({"": 1}, "account id is 1-128"),
+    ({"a b": 1}, "account id is 1-128"),
+    ({"x" * 129: 1}, "account id is 1-128"),
+    ({"nul\x00": 1}, "account id is 1-128"),
+])
+def test_opening_accounts_refuses_edge_values_and_changes_nothing(ledger_dsn: str, balances: dict[str, Any],
+                                                                  says: str) -> None:
+    ledger = Ledger(ledger_dsn)
+    ledger.add_accounts({"cust_1": 500})
+    before = everything(ledger)
+    with pytest.raises(LedgerError, match=re.escape(says)):
+        ledger.add_accounts(balances)
+    assert everything(ledger) == before
+
+
+TOOL_EDGES: list[tuple[str, dict[str, Any], str, str, str]] = [
+    # tool, arguments, resource, intent id, what the refusal says
+    ("refund", {"order_id": "o", "amount": 0}, "account:cust_1", "e1", "greater than 0"),
+    ("refund", {"order_id": "o", "amount": -5}, "account:cust_1", "e1", "greater than 0"),
+    ("refund", {"order_id": "o", "amount": 10**12 + 1}, "account:cust_1", "e1", "less than or equal"),
+    ("refund", {"order_id": "o", "amount": 2**70}, "account:cust_1", "e1", "less than or equal"),
+    ("refund", {"order_id": "o", "amount": True}, "account:cust_1", "e1", "valid integer"),
+    ("refund", {"order_id": "o", "amount": "25"}, "account:cust_1", "e1", "valid integer"),
+    ("refund", {"order_id": "o", "amount": 25.0}, "account:cust_1", "e1", "valid integer"),
+    ("refund", {"order_id": "", "amount": 1}, "account:cust_1", "e1", "at least 1 character"),
+    ("refund", {"order_id": "o" * 129, "amount": 1}, "account:cust_1", "e1", "at most 128"),
+    ("refund", {"order_id": "o\x00", "amount": 1}, "account:cust_1", "e1", "pattern"),
+    ("refund", {"order_id": "o", "amount": 1}, "account:nobody", "e1", "no account 'nobody'"),
+    ("refund", {"order_id": "o", "amount": 1}, "account:", "e1", "not an account resource"),
+    ("refund", {"order_id": "o", "amount": 1}, "account:cust_1\x00", "e1", "not an account resource"),
+    ("refund", {"order_id": "o", "amount": 1}, "doc:spec", "e1", "not an account resource"),
+    ("refund", {"order_id": "o", "amount": 1}, f"account:{PAYOUTS}", "e1", "would pay itself"),
+    ("refund", {"order_id": "o", "amount": 501}, "account:cust_1", "e1", "less than 501"),
+    ("refund", {"order_id": "o", "amount": 1}, "account:cust_1", "e\x00", "NUL"),
+    ("transfer", {"to": "cust_1", "amount": 1}, "account:cust_1", "e1", "to itself"),
+    ("transfer", {"to": "nobody", "amount": 1}, "account:cust_1", "e1", "no account 'nobody'"),
+    ("transfer", {"to": "", "amount": 1}, "account:cust_1", "e1", "pattern"),
+    ("transfer", {"to": "x\x00", "amount": 1}, "account:cust_1", "e1", "pattern"),
+    ("transfer", {"to": "cust_8492", "amount": 1}, "account:nobody", "e1", "no account 'nobody'"),
+    ("transfer", {"to": "cust_8492", "amount": 10**12}, "account:cust_1", "e1", "less than"),
+    ("reverse_refund", {"refund_intent_id": ""}, "account:cust_1", "e1", "at least 1 character"),
+    ("reverse_refund", {"refund_intent_id": "r\x00"}, "account:cust_1", "e1", "pattern"),
+    ("commit", {"patch": {"balance": 10**9}}, "account:cust_1", "e1", "is an account, not a document"),
+    ("commit", {"patch": {"title": "t"}}, "doc:\x00", "e1", "NUL"),
+]
+
+
+@pytest.mark.parametrize(("tool", "args", "resource", "intent_id", "says"), TOOL_EDGES)
+def test_every_tool_refuses_edge_values_and_changes_nothing(ledger: Ledger, registry: ToolRegistry, tool: str,
+                                                            args: dict[str, Any], resource: str, intent_id: str,
+                                                            says: str) -> None:
+    """A refusal names what was wrong, in the tool's words (never a database's exception), and every row
+    of the ledger is as it was."""
+    before = everything(ledger)
+    call = intent(tool, args, resource, intent_id)
+    parsed = registry.parse(call)
+    if isinstance(parsed, str):
+        error = parsed
+    else:
+        outcome = asyncio.run(registry.run(call, parsed))
+        assert not outcome.ok, outcome
+        error = outcome.error
+    assert says in error, error
+    assert not re.match(r"^\w+(Error|Exception|Violation)\b", error), f"a database's error, not a refusal: {error}"
+    assert everything(ledger) == before

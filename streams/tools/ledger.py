@@ -9,19 +9,26 @@ scope the gateway gives it too: the same id on two resources is two writes.
 
 Money is integer cents. ``CHECK (balance >= 0)`` backs the rule that no balance goes
 negative; ``invariants()`` checks it, money conservation and double refunds.
+
+Input at the edges (zero, negative or huge amounts, an account opened twice, an unknown
+account, a text PostgreSQL cannot store) is refused before it reaches SQL, with what was
+wrong: ``LedgerError`` for the operator's ``add_accounts``, ``ToolError`` for a tool, and in
+either case the transaction is rolled back, so nothing changed. A database's own error is
+never the answer to bad input.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Annotated, Any, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -56,6 +63,34 @@ SCHEMA = [
 ]
 PAYOUTS = "payouts"
 """The account refunds are paid into; it keeps money conserved."""
+MAX_TOTAL = 10**18
+"""The most money the ledger holds, in cents. Money is conserved, so no balance exceeds the total, and
+the total plus any one tool's amount (at most ``MAX_AMOUNT``) stays within a 64-bit ``BIGINT``."""
+MAX_AMOUNT = 10**12
+"""The most cents one tool call moves."""
+ACCOUNT_ID = re.compile(r"[A-Za-z0-9_.@:-]{1,128}")
+"""What an account id is made of (its resource is ``account:<id>``)."""
+
+
+class LedgerError(ValueError):
+    """A change the ledger refuses, with why; nothing was changed."""
+
+
+def account_problem(account: str) -> str | None:
+    """Why ``account`` cannot be an account id (None: it can)."""
+    if ACCOUNT_ID.fullmatch(account):
+        return None
+    return "an account id is 1-128 letters, digits and _.@:- (the resource is account:<id>)"
+
+
+def database_errors(integrity: bool = False) -> tuple[type[Exception], ...]:
+    """The errors the ledger's databases raise (SQLite's, and PostgreSQL's when its driver is installed);
+    ``integrity``: only those that say a constraint refused a row."""
+    try:
+        import psycopg
+    except ImportError:
+        return (sqlite3.IntegrityError if integrity else sqlite3.Error,)
+    return (sqlite3.IntegrityError, psycopg.IntegrityError) if integrity else (sqlite3.Error, psycopg.Error)
 
 
 class Ledger:
@@ -136,16 +171,39 @@ class Ledger:
             cur.run("INSERT INTO ledger_meta (key, value) VALUES ('total', ?)", (sum(balances.values()),))
 
     def add_accounts(self, balances: dict[str, int]) -> None:
-        """Open new accounts with these balances, leaving every other account alone."""
-        with self.transaction() as cur:
+        """Open new accounts with these balances (and ``payouts`` at 0 when it is not open yet), leaving
+        every other account alone. ``LedgerError``, with nothing opened, when an id is not an account
+        id, a balance is not an integer of 0 to ``MAX_TOTAL`` cents, an account is open already, or the
+        ledger's total would pass ``MAX_TOTAL``."""
+        problems = [f"{a!r}: {p}" for a in sorted(balances) if (p := account_problem(a))]
+        problems += [f"{a}: a balance is an integer of 0 to {MAX_TOTAL} cents, not {b!r}"
+                     for a, b in sorted(balances.items()) if type(b) is not int or not 0 <= b <= MAX_TOTAL]
+        if problems:
+            raise LedgerError("; ".join(problems))
+        try:
+            with self.transaction() as cur:
+                self._open(cur, balances)
+        except database_errors(integrity=True) as exc:
+            # PostgreSQL reads committed: another process opened one of them since this one looked.
+            raise LedgerError(f"an account was opened by someone else at the same moment ({exc})") from None
+
+    def _open(self, cur: _Cursor, balances: dict[str, int]) -> None:
+        existing = sorted(a for a in balances if cur.run("SELECT 1 FROM accounts WHERE id = ?", (a,)))
+        if existing:
+            raise LedgerError(f"account(s) {', '.join(existing)} exist already")
+        recorded = cur.run("SELECT value FROM ledger_meta WHERE key = 'total'")
+        total = int((recorded or cur.run("SELECT COALESCE(SUM(balance), 0) FROM accounts"))[0][0])
+        if total + sum(balances.values()) > MAX_TOTAL:
+            raise LedgerError(f"the ledger would hold {total + sum(balances.values())} cents, more than its "
+                              f"{MAX_TOTAL}")
+        if PAYOUTS not in balances:
             cur.run("INSERT INTO accounts (id, balance) VALUES (?, 0) ON CONFLICT (id) DO NOTHING", (PAYOUTS,))
-            for account, balance in sorted(balances.items()):
-                cur.run("INSERT INTO accounts (id, balance) VALUES (?, ?)", (account, balance))
-            if not cur.run("SELECT value FROM ledger_meta WHERE key = 'total'"):
-                existing = int(cur.run("SELECT COALESCE(SUM(balance), 0) FROM accounts")[0][0])
-                cur.run("INSERT INTO ledger_meta (key, value) VALUES ('total', ?)", (existing,))
-            else:
-                cur.run("UPDATE ledger_meta SET value = value + ? WHERE key = 'total'", (sum(balances.values()),))
+        for account, balance in sorted(balances.items()):
+            cur.run("INSERT INTO accounts (id, balance) VALUES (?, ?)", (account, balance))
+        if recorded:
+            cur.run("UPDATE ledger_meta SET value = value + ? WHERE key = 'total'", (sum(balances.values()),))
+        else:
+            cur.run("INSERT INTO ledger_meta (key, value) VALUES ('total', ?)", (total + sum(balances.values()),))
 
     def balances(self) -> dict[str, int]:
         """Every account's balance."""
@@ -201,9 +259,17 @@ class _Cursor:
 
 def _account_of(resource: str) -> str:
     prefix, _, account = resource.partition(":")
-    if prefix != "account" or not account:
-        raise ToolError(f"{resource!r} is not an account resource ('account:<id>')")
+    if prefix != "account" or account_problem(account):
+        raise ToolError(f"{resource[:200]!r} is not an account resource ('account:<id>'; {account_problem(account)})"
+                        if prefix == "account" else f"{resource[:200]!r} is not an account resource ('account:<id>')")
     return account
+
+
+def _storable(call: ToolCall) -> None:
+    """Refuse an intent whose resource or id the ledger cannot store (PostgreSQL's text holds no NUL)."""
+    for what, text in (("resource", call.resource), ("intent id", call.intent_id)):
+        if "\x00" in text:
+            raise ToolError(f"the {what} holds a NUL character, which the ledger cannot store")
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -219,27 +285,33 @@ def merge_patch(target: Any, patch: Any) -> Any:
     return result
 
 
+Cents = Annotated[int, Field(gt=0, le=MAX_AMOUNT, strict=True)]
+"""An amount: an integer of cents, never ``true``, ``"25"`` or ``25.0`` taken for one."""
+Text = Annotated[str, Field(min_length=1, pattern=r"^[^\x00]*$")]
+"""An id the ledger stores (PostgreSQL's text holds no NUL)."""
+
+
 class RefundArgs(BaseModel):
     """Refund ``amount`` cents of ``order_id`` from the account the intent names."""
 
     model_config = ConfigDict(extra="forbid")
-    order_id: str = Field(min_length=1, max_length=128)
-    amount: int = Field(gt=0, le=10**12)
+    order_id: Text = Field(max_length=128)
+    amount: Cents
 
 
 class ReverseRefundArgs(BaseModel):
     """Undo the refund made by intent ``refund_intent_id``."""
 
     model_config = ConfigDict(extra="forbid")
-    refund_intent_id: str = Field(min_length=1)
+    refund_intent_id: Text
 
 
 class TransferArgs(BaseModel):
     """Move ``amount`` cents from the intent's account to account ``to``."""
 
     model_config = ConfigDict(extra="forbid")
-    to: str = Field(min_length=1, max_length=128)
-    amount: int = Field(gt=0, le=10**12)
+    to: str = Field(pattern=f"^{ACCOUNT_ID.pattern}$", description="an account id, without 'account:'")
+    amount: Cents
 
 
 class CommitArgs(BaseModel):
@@ -253,6 +325,8 @@ async def _once(ledger: Ledger, call: ToolCall, tool: str,
                 effect: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
     """In one transaction: apply ``effect(cursor)`` unless this intent already did, and
     record its result; a repeated intent gets the recorded result back."""
+
+    _storable(call)
 
     def work(cur: Any) -> dict[str, Any]:
         done = cur.run("SELECT result FROM intent_results WHERE resource = ? AND intent_id = ?",
@@ -304,6 +378,8 @@ def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
         args = call.arguments
         assert isinstance(args, RefundArgs)
         account = _account_of(call.resource)
+        if account == PAYOUTS:
+            raise ToolError(f"refunds are paid into {PAYOUTS!r}: a refund from it would pay itself")
 
         def apply(cur: Any) -> dict[str, Any]:
             balance = _move(cur, account, PAYOUTS, args.amount)
@@ -340,6 +416,8 @@ def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
         args = call.arguments
         assert isinstance(args, TransferArgs)
         account = _account_of(call.resource)
+        if args.to == account:
+            raise ToolError(f"a transfer from {account!r} to itself moves nothing: name another account in 'to'")
 
         def apply(cur: Any) -> dict[str, Any]:
             balance = _move(cur, account, args.to, args.amount)
@@ -353,6 +431,8 @@ def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
         args = call.arguments
         assert isinstance(args, CommitArgs)
         doc_id = call.resource
+        if doc_id.partition(":")[0] == "account":
+            raise ToolError(f"{doc_id[:200]!r} is an account, not a document: move its money with refund or transfer")
 
         def apply(cur: Any) -> dict[str, Any]:
             rows = cur.run("SELECT revision, body FROM documents WHERE id = ?", (doc_id,))

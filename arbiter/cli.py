@@ -166,9 +166,9 @@ def topics_list(ctx: click.Context, prefix: str, as_json: bool) -> None:
     for t in sizes:
         if as_json:
             click.echo(json.dumps({"name": t.name, "partitions": t.partitions, "records": t.records,
-                                   "in_use": t.name in live or t.name.startswith(f"{settings.app_id}-")}))
+                                   "in_use": t.name in live}))
         else:
-            mark = "  (this configuration's)" if t.name in live or t.name.startswith(f"{settings.app_id}-") else ""
+            mark = "  (this configuration's)" if t.name in live else ""
             records = f"{t.records:>12,}" if t.records is not None else f"{'?':>12}"
             click.echo(f"{t.name:<60} {t.partitions:>3} partitions {records} records{mark}")
     if not sizes and not as_json:
@@ -180,12 +180,13 @@ def topics_list(ctx: click.Context, prefix: str, as_json: bool) -> None:
 @click.option("--yes", is_flag=True, help="Also delete this configuration's own topics (the live log: gone for good).")
 @click.pass_context
 def topics_delete(ctx: click.Context, prefix: str, yes: bool) -> None:
-    """Delete every topic whose name starts with PREFIX (e.g. arbiter.demo.7-ab12cd.), changelogs included."""
+    """Delete every topic whose name starts with PREFIX (e.g. arbiter.demo.7-ab12cd., one kept demo run:
+    its changelogs too, which are named after its app id, arbiter.demo.<run>.app)."""
     settings = settings_of(ctx)
     if len(prefix) < 3 or prefix.startswith("__"):
         fail(f"prefix {prefix!r} would name too much: give at least three characters, not Kafka's own '__' topics")
     names = [t.name for t in _run_kafka(settings, topic_sizes(settings, prefix))]
-    live = [n for n in names if n in live_topics(settings) or n.startswith(f"{settings.app_id}-")]
+    live = [n for n in names if n in live_topics(settings)]
     if live and not yes:
         fail(f"{prefix!r} names {len(live)} of this configuration's own topics ({', '.join(live[:3])}"
              f"{', ...' if len(live) > 3 else ''}): the live log, the audit record",

@@ -225,7 +225,7 @@ def test_ctrl_c_stops_the_demo_cleanly_and_audits_the_partial_log(bootstrap: str
         if line.startswith("swarm ["):
             break
     run = next(line.split("run ", 1)[1].split(":")[0] for line in lines if "; run " in line)
-    assert _processes_with(f"arbiter-demo-{run}"), "the workers run"
+    assert _processes_with(f"arbiter.demo.{run}.app"), "the workers run"
     # Interrupt mid-swarm, once it has made progress: a write applied, in the run's log.
     topics = Topics(**{name: f"arbiter.demo.{run}.{name}" for name in Topics.model_fields})
     deadline = time.monotonic() + 120
@@ -240,7 +240,7 @@ def test_ctrl_c_stops_the_demo_cleanly_and_audits_the_partial_log(bootstrap: str
     assert "interrupted: stopping the swarm; auditing the partial log" in out
     assert "(partial log)" in out and "audit report: " in out
     assert "workers stopped" in out
-    assert _processes_with(f"arbiter-demo-{run}") == [], "no worker is left behind"
+    assert _processes_with(f"arbiter.demo.{run}.app") == [], "no worker is left behind"
 
 
 @pytest.mark.kafka

@@ -1,7 +1,7 @@
 """The live Arbiter a chaos campaign runs against, started for the run and torn down after it.
 
 A run gets its own topics (``arbiter.chaos.<run>.*``, its own registry among them), its own
-consumer group (``arbiter-chaos-<run>``) and its own SQLite ledger in
+consumer group (``arbiter.chaos.<run>.app``, the prefix of its changelogs too) and its own SQLite ledger in
 ``<home>/chaos/<run>/``; it starts ``--workers`` worker processes and issues every agent a
 key of its own (nothing is enrolled on first use). Which broker it uses:
 
@@ -162,7 +162,7 @@ def run_settings(base: Settings, run: str, bootstrap: str) -> Settings:
     folder = (base.home / "chaos" / run).resolve()
     folder.mkdir(parents=True, exist_ok=True)
     return base.model_copy(update={
-        "bootstrap": bootstrap, "topics": topics, "app_id": f"arbiter-chaos-{run}", "auto_enroll": False,
+        "bootstrap": bootstrap, "topics": topics, "app_id": f"arbiter.chaos.{run}.app", "auto_enroll": False,
         "ledger_dsn": str(folder / "ledger.sqlite3"),
     })
 

@@ -259,12 +259,14 @@ def repos_file(path: Path, repository: Path) -> Path:
 
 def run_settings(settings: Settings, run: str, ledger_dsn: str | None) -> Settings:
     """This run's topics (its own registry among them), consumer group and ledger. Its agents are
-    enrolled by the demo itself, never on first use (``auto_enroll`` is off)."""
+    enrolled by the demo itself, never on first use (``auto_enroll`` is off). The app id, and so every
+    changelog's name, starts with the run's topic prefix: ``arbiter topics delete arbiter.demo.``
+    removes kept runs whole."""
     topics = Topics(**{name: f"arbiter.demo.{run}.{name}" for name in Topics.model_fields})
     folder = settings.home / "demo" / run
     folder.mkdir(parents=True, exist_ok=True)
     return settings.model_copy(update={
-        "topics": topics, "app_id": f"arbiter-demo-{run}", "auto_enroll": False,
+        "topics": topics, "app_id": f"arbiter.demo.{run}.app", "auto_enroll": False,
         "ledger_dsn": ledger_dsn or str((folder / "ledger.sqlite3").resolve()),
         # The coding story's repository (made before it runs), and its check, as an operator sets them.
         "repos": "", "repos_file": repos_file(folder / "repos.toml", (folder / "coding").resolve()),

@@ -295,5 +295,9 @@ SIZE_TIMEOUT_MS = 10_000
 
 
 def live_topics(settings: Settings) -> set[str]:
-    """The topics this configuration's workers use (its own set, and its changelogs' prefix)."""
-    return set(settings.topics.all())
+    """The topics this configuration's workers use: its own set, and its tables' changelogs, by their
+    exact names (another configuration's app id may start with this one's: ``arbiter-x`` with
+    ``arbiter``)."""
+    from arbiter.streams.runtime.common import TABLES
+
+    return {*settings.topics.all(), *(spec.changelog(settings.app_id) for spec in TABLES.values())}

@@ -162,6 +162,32 @@ def test_passing_report_says_pass() -> None:
     assert json.loads(data_block(page)) == empty_report()
 
 
+def figures(page: str) -> dict[str, str]:
+    """The page's headline figures, name -> value as shown."""
+    return dict(re.findall(r"<dt>([^<]+)</dt><dd>([^<]+)", page))
+
+
+def test_the_figures_count_each_severity_as_the_json_does() -> None:
+    """Finding: a run whose only findings were two intrusions showed 'open items 2' while the JSON said
+    0 open items (every finding that was not a violation was counted as open)."""
+    report = empty_report()
+    report["checks"] = {"authenticated": {"description": "every message is signed", "violations": 0,
+                                          "intrusions": 2, "open": 0},
+                        "sagas_finished": {"description": "every saga ended", "violations": 0, "intrusions": 0,
+                                           "open": 1}}
+    report["findings"] = [
+        {"check": "authenticated", "severity": "intrusion", "message": f"a forged grant {i}",
+         "where": [f"arbiter.agent.inbox[0]@{i}"], "resource": None, "at_ms": None} for i in range(2)]
+    report["findings"].append({"check": "sagas_finished", "severity": "open", "message": "saga:x is running",
+                               "where": ["arbiter.saga.commands[0]@1"], "resource": None, "at_ms": None})
+    page = render(report)
+    shown = figures(page)
+    assert (shown["violations"], shown["intrusions"], shown["open items"]) == ("0", "2", "1"), shown
+    row = re.search(r"<code>authenticated</code></td><td>[^<]*</td>((?:<td class=\"num\">\d+</td>)+)", page)
+    assert row is not None and re.findall(r"\d+", row.group(1)) == ["0", "2", "0"], row
+    assert "2 intrusions detected" in page
+
+
 # -- in a real browser -------------------------------------------------------------------
 
 

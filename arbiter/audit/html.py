@@ -440,15 +440,18 @@ def _figures(report: dict[str, Any]) -> str:
     timeline = report.get("timeline") or {}
     resources = timeline.get("resources", [])
     findings = report.get("findings", [])
-    violations = sum(1 for f in findings if f.get("severity") == "violation")
+    # Each severity counted on its own, as the JSON does: intrusions are neither violations nor open items.
+    count = {severity: sum(1 for f in findings if f.get("severity") == severity)
+             for severity in ("violation", "intrusion", "open")}
     cells = [_figure("messages", f"{report.get('messages', 0):,}")]
     span = report.get("span_ms") or []
     if len(span) == 2:
         cells.append(_figure("span", f"{(span[1] - span[0]) / 1000:,.3f} s", f"from {_utc(span[0])}",
                              f"to {_utc(span[1])}"))
     cells += [
-        _figure("violations", f"{violations:,}"),
-        _figure("open items", f"{len(findings) - violations:,}"),
+        _figure("violations", f"{count['violation']:,}"),
+        _figure("intrusions", f"{count['intrusion']:,}"),
+        _figure("open items", f"{count['open']:,}"),
         _figure("resources", f"{len(resources):,}"),
         _figure("leases", f"{sum(len(r.get('leases', [])) for r in resources):,}"),
         _figure("deadlocks", f"{len(timeline.get('deadlocks', [])):,}"),
@@ -469,16 +472,21 @@ def _checks(checks: dict[str, dict[str, Any]]) -> str:
     rows = []
     for name, row in checks.items():
         violations, opened = int(row.get("violations", 0)), int(row.get("open", 0))
+        intrusions = int(row.get("intrusions", 0))
         if violations:
             status = f"<span class=\"status-bad\">\u2715 {violations} violation{'s' if violations != 1 else ''}</span>"
         elif opened:
             status = f"<span class=\"status-warn\">{opened} open</span>"
+        elif intrusions:
+            plural = "s" if intrusions != 1 else ""
+            status = f"<span class=\"status-warn\">\u2713 holds; {intrusions} intrusion{plural} detected</span>"
         else:
             status = "<span class=\"status-ok\">\u2713 holds</span>"
         rows.append(f"<tr><td><code>{escape(name)}</code></td><td>{escape(str(row.get('description', '')))}</td>"
-                    f"<td class=\"num\">{violations}</td><td class=\"num\">{opened}</td><td>{status}</td></tr>")
-    head = ("<tr><th>check</th><th>rule</th><th class=\"num\">violations</th><th class=\"num\">open</th>"
-            "<th>status</th></tr>")
+                    f"<td class=\"num\">{violations}</td><td class=\"num\">{intrusions}</td>"
+                    f"<td class=\"num\">{opened}</td><td>{status}</td></tr>")
+    head = ("<tr><th>check</th><th>rule</th><th class=\"num\">violations</th><th class=\"num\">intrusions</th>"
+            "<th class=\"num\">open</th><th>status</th></tr>")
     return f"<h2>Checks</h2>\n<table class=\"checks\">{head}{''.join(rows)}</table>\n"
 
 

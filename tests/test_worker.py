@@ -154,3 +154,61 @@ async def test_exactly_once_worker_answers_and_dead_letters(bootstrap: str, tmp_
     finally:
         pool.stop()
     assert [letter.reason for letter in letters] == ["not_single_object"]
+
+
+async def test_the_time_to_stop_in_the_log_counts_from_the_stop_request(bootstrap: str, tmp_path: Path) -> None:
+    """Finding: the worker's log said '(0.1 s to stop)' for a process that took 2 s: the figure counted only
+    the closing of its clients, not the batch under way when SIGTERM came. Here a refund waits on a row
+    another transaction holds (PostgreSQL shows it waiting), so the batch cannot finish: the worker cuts it
+    short after its budget, and the time it logs covers that wait."""
+    import re
+    import signal
+
+    import psycopg
+
+    from arbiter.streams.runtime.worker import STOP_BUDGET
+    from arbiter.streams.tools.ledger import Ledger
+
+    from .conftest import fresh_postgres_schema
+
+    dsn = fresh_postgres_schema()
+    settings = isolated_settings(bootstrap, tmp_path, ledger_dsn=dsn)
+    await ensure_topics(settings)
+    ledger = Ledger(dsn)
+    ledger.seed({"a": 1_000})
+    ledger.close()
+    pool = WorkerPool(settings)
+    pool.start(1)
+    worker = pool.workers[0]
+    holder = psycopg.connect(dsn)
+    try:
+        async with ArbiterClient("alice", settings) as alice:
+            keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
+            await wait_until_served(alice, pool, keys)
+            holder.execute("SELECT balance FROM accounts WHERE id = 'a' FOR UPDATE")  # its transaction stays open
+            lease = await alice.acquire("account:a", ttl=60)
+            base = (await alice.snapshot("account:a")).version
+            refund = asyncio.create_task(alice.execute(lease, "refund", {"order_id": "o-1", "amount": 100},
+                                                       base_version=base, timeout=60))
+            with psycopg.connect(dsn, autocommit=True) as watch:
+                deadline = time.monotonic() + 30
+                while not watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                        "AND query LIKE 'UPDATE accounts%'").fetchone()[0]:  # type: ignore[index]
+                    assert time.monotonic() < deadline and not refund.done(), "the refund never waited on the row"
+                    await asyncio.sleep(0.05)  # polling PostgreSQL for the waiting UPDATE
+            asked = time.monotonic()
+            worker.proc.send_signal(signal.SIGTERM)
+            while "did not finish within" not in worker.log.read_text():
+                assert worker.proc.poll() is None and time.monotonic() - asked < STOP_BUDGET, worker.log.read_text()
+                await asyncio.sleep(0.05)  # the worker's log says it cut the batch short
+            holder.rollback()  # the stuck refund's thread may end now, and the process with it
+            await asyncio.to_thread(worker.proc.wait, 30)
+            took = time.monotonic() - asked
+            refund.cancel()
+    finally:
+        holder.close()
+        pool.stop()
+    found = re.search(r"stopped after \d+ decisions \((\d+\.\d) s to stop", worker.log.read_text())
+    assert found is not None, worker.log.read_text()[-2000:]
+    logged = float(found.group(1))
+    assert STOP_BUDGET / 4 - 0.1 <= logged <= took + 0.05, (logged, took)

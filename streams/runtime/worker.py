@@ -229,6 +229,8 @@ class Worker:
         self._inflight: asyncio.Task[None] | None = None
         self.lock = asyncio.Lock()
         self.stopping = asyncio.Event()
+        self.stop_asked: float | None = None
+        """When (``time.monotonic``) the stop was asked for: what the log's time to stop counts from."""
         self.exit_code = 0
         self.consumer: AIOKafkaConsumer | None = None
         self.producer: AIOKafkaProducer | None = None
@@ -266,7 +268,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, self.stopping.set)
+                loop.add_signal_handler(sig, self.stop)
         settings = self.settings
         if not settings.verify_signatures:
             log.warning("SIGNATURE VERIFICATION IS OFF (ARBITER_VERIFY_SIGNATURES=false): any client with topic "
@@ -386,6 +388,8 @@ class Worker:
 
     def stop(self) -> None:
         """Ask the worker to finish its batch and leave."""
+        if self.stop_asked is None:
+            self.stop_asked = time.monotonic()
         self.stopping.set()
 
     async def _close(self) -> None:
@@ -408,8 +412,10 @@ class Worker:
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server.server_close()
-        log.info("worker %s stopped after %d decisions (%.1f s to stop)", self.me, self.decided,
-                 time.monotonic() - started)
+        # Counted from the stop request: the batch under way when it came is part of stopping too.
+        now = time.monotonic()
+        log.info("worker %s stopped after %d decisions (%.1f s to stop, %.1f s of it closing)", self.me,
+                 self.decided, now - (self.stop_asked if self.stop_asked is not None else started), now - started)
 
     async def _consume(self) -> None:
         assert self.consumer is not None

@@ -15,13 +15,14 @@ from aiokafka.errors import KafkaError
 
 from arbiter.agents.identities import ensure_identity
 from arbiter.edge.kafkaauth import kafka_client_options
+from arbiter.edge.kafkaconn import describe
 from arbiter.edge.settings import Settings
 from arbiter.schemas.identity import IdentityError
 from arbiter.streams.runtime.topics import TopicError, delete_topics_named, ensure_topics, live_topics, topic_sizes
 
 from .answers import answer as _answer
 from .answers import lock_run as _lock_run
-from .console import EXIT_UNAVAILABLE, ArbiterGroup, fail, quiet_kafka_logs, say, settings_of, unreachable
+from .console import ArbiterGroup, fail, quiet_kafka_logs, say, settings_of, unreachable
 from .kafka import LocalKafka, LocalKafkaError, broker_answers
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -202,8 +203,7 @@ def _run_kafka(settings: Settings, work: Any) -> Any:
     try:
         return asyncio.run(work)
     except KafkaError as exc:
-        fail(f"cannot reach Kafka at {settings.bootstrap}: {exc}", "start one with 'arbiter kafka up' or pass "
-             "--bootstrap", code=EXIT_UNAVAILABLE)
+        unreachable(settings.bootstrap, describe(exc))
 
 
 # -- worker --------------------------------------------------------------------------

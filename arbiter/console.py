@@ -21,10 +21,11 @@ def fail(message: str, detail: str = "", code: int = 1) -> NoReturn:
     sys.exit(code)
 
 
-def unreachable(bootstrap: str) -> NoReturn:
-    """Exit ``EXIT_UNAVAILABLE``: no Kafka answers."""
-    fail(f"no Kafka answers at {bootstrap}", "is it up? 'arbiter kafka status' says; 'arbiter kafka up' starts the "
-         "local one (or pass --bootstrap)", code=EXIT_UNAVAILABLE)
+def unreachable(bootstrap: str, why: str = "") -> NoReturn:
+    """Exit ``EXIT_UNAVAILABLE``: no Kafka answers (``why``: what the client saw). Every verb that needs
+    Kafka says it in these words (README, When Kafka is down)."""
+    fail(f"no Kafka answers at {bootstrap}{': ' + why if why else ''}", "is it up? 'arbiter kafka status' says; "
+         "'arbiter kafka up' starts the local one (or pass --bootstrap)", code=EXIT_UNAVAILABLE)
 
 
 def settings_of(ctx: click.Context) -> Settings:
@@ -68,9 +69,7 @@ class ArbiterGroup(click.Group):
         except TopicMissing as exc:
             fail(str(exc))
         except (KafkaError, ArbiterUnavailable, ConnectionError) as exc:
-            where = (ctx.obj or {}).get("bootstrap") or _bootstrap(ctx)
-            fail(f"cannot reach Kafka at {where}: {describe(exc)}", "is it up? 'arbiter kafka status' says; "
-                 "'arbiter kafka up' starts the local one (or pass --bootstrap)", code=EXIT_UNAVAILABLE)
+            unreachable((ctx.obj or {}).get("bootstrap") or _bootstrap(ctx), describe(exc))
 
 
 def _bootstrap(ctx: click.Context) -> str:

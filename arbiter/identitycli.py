@@ -11,13 +11,12 @@ import click
 from aiokafka.errors import KafkaError
 
 from arbiter.agents.identities import Registrar, ensure_identity
-from arbiter.edge.kafkaconn import describe
 from arbiter.edge.keys import key_file
 from arbiter.edge.settings import Settings
 from arbiter.schemas import IdentityRegistered
 from arbiter.schemas.identity import ROLE_AGENT, ROLE_WORKER, IdentityError
 
-from .console import EXIT_UNAVAILABLE, fail, say, settings_of
+from .console import fail, say, settings_of
 
 
 def _run(work: Any) -> Any:
@@ -25,9 +24,8 @@ def _run(work: Any) -> Any:
         return asyncio.run(work)
     except IdentityError as exc:
         fail(str(exc))
-    except KafkaError as exc:
-        fail(f"the registry could not be reached: {describe(exc)}", "Is Kafka up ('arbiter kafka status' says; "
-             "'arbiter kafka up' starts the local one)?", code=EXIT_UNAVAILABLE)
+    except KafkaError:
+        raise  # (a RuntimeError too) the command group answers it as every verb does: no Kafka answers
     except RuntimeError as exc:
         fail(f"the registry could not be read: {exc}", "Are the topics created ('arbiter topics create')?")
 

@@ -354,3 +354,32 @@ def test_ledger_verbs_refuse_edge_values_and_change_nothing(ledger_dsn: str, tmp
         assert result.exit_code != 0 and says in result.stderr, (args, result.stderr)
         assert not result.stdout, (args, result.stdout)
         assert ledger("show").stdout == before, args
+
+
+KAFKA_VERBS: list[tuple[str, ...]] = [
+    ("agents", "add", "carol"), ("agents", "list"), ("agents", "api-key", "carol"), ("agents", "rotate", "carol"),
+    ("agents", "revoke", "carol"), ("saga", "abort", "saga:carol/x:1", "--reason", "outage"), ("audit",),
+    ("replay", "--at", "0"), ("log", "export", "log.jsonl"), ("ping", "--count", "1"), ("topics", "create"),
+    ("topics", "list"), ("topics", "delete", "tzz-none."), ("worker",), ("serve", "--port", "0"),
+    ("top", "--once"), ("console", "--port", "0"),
+]
+"""Verbs that need Kafka and no set-up beyond a home (``tests/test_outage.py`` runs every verb in a real
+outage; this says each one's words)."""
+
+
+def test_every_verb_without_kafka_says_it_in_the_readmes_words(tmp_path: Path) -> None:
+    """Finding: the README says a CLI command prints one 'error: no Kafka answers at ...' line and exits 3;
+    the verbs said 'the registry could not be reached', 'cannot reach Kafka at', or logged 'unreachable,
+    reconnecting' first. Each now ends with that one line (what the client saw after it) and the hint."""
+    from arbiter.processes import free_port
+
+    bootstrap = f"127.0.0.1:{free_port()}"  # nothing listens there
+    env = {"ARBITER_HOME": str(tmp_path), "ARBITER_BOOTSTRAP": bootstrap}
+    for verb in KAFKA_VERBS:
+        ran = subprocess.run([sys.executable, "-m", "arbiter", "--bootstrap", bootstrap, *verb], capture_output=True,
+                             text=True, env={**os.environ, **env}, timeout=60, check=False, cwd=tmp_path)
+        lines = ran.stderr.splitlines()
+        assert ran.returncode == 3 and lines, (verb, ran.returncode, ran.stderr)
+        said = f"error: no Kafka answers at {bootstrap}"
+        assert lines[0] == said or lines[0].startswith(said + ": "), (verb, ran.stderr)
+        assert len(lines) == 2 and "arbiter kafka up" in lines[1], (verb, ran.stderr)

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 import click
 from aiokafka.errors import KafkaError
 
-from arbiter.console import EXIT_UNAVAILABLE
+from arbiter.console import unreachable
 from arbiter.edge.kafkaconn import describe
 from arbiter.edge.settings import Settings
 
@@ -75,7 +75,7 @@ def load_log(settings: Settings, archive: Path | None, quiet: bool = False,
     try:
         return asyncio.run(read_log(settings, bar, since=since))
     except (KafkaError, ConnectionError) as exc:
-        _fail(f"cannot reach Kafka at {settings.bootstrap}: {describe(exc)}", EXIT_UNAVAILABLE)
+        unreachable(settings.bootstrap, describe(exc))
     except Exception as exc:
         _fail(f"cannot read the log at {settings.bootstrap}: {describe(exc)}")
     finally:

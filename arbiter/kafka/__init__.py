@@ -119,8 +119,11 @@ def broker_count(bootstrap: str, timeout: float = 3.0, options: Mapping[str, Any
     from aiokafka import AIOKafkaClient
     from aiokafka.errors import KafkaError
 
-    # A probe that fails is an answer, not an error worth aiokafka's log lines.
+    # A probe that fails is an answer, not an error worth aiokafka's log lines, nor the connection
+    # guard's "unreachable, reconnecting" (the caller says no Kafka answers, once, and does not retry).
     logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    guard = logging.getLogger("arbiter.kafka")
+    level = guard.level
 
     async def probe() -> int:
         client = AIOKafkaClient(bootstrap_servers=bootstrap, request_timeout_ms=int(timeout * 1000),
@@ -133,7 +136,11 @@ def broker_count(bootstrap: str, timeout: float = 3.0, options: Mapping[str, Any
         finally:
             await client.close()
 
-    return asyncio.run(probe())
+    guard.setLevel(max(level, logging.ERROR))
+    try:
+        return asyncio.run(probe())
+    finally:
+        guard.setLevel(level)
 
 
 Mode = Literal["plain", "secure"]

@@ -149,7 +149,8 @@ def agents_list(ctx: click.Context, as_json: bool) -> None:
 @click.option("--print-key", is_flag=True, help="Print the new private key once instead of writing it.")
 @click.pass_context
 def agents_rotate(ctx: click.Context, name: str, print_key: bool) -> None:
-    """Issue NAME a new key; its old keys stop verifying two seconds later."""
+    """Issue NAME a new key; returns two seconds later, once its old keys stop verifying (the new key
+    file is written then, so an agent signs with the old key until it stops being good)."""
     settings = settings_of(ctx)
     signer = _run(Registrar(settings).rotate(name, keep_key=not print_key))
     if print_key:

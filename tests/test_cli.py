@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -301,13 +302,18 @@ def test_agents_add_list_rotate_revoke_from_a_shell(kafka_settings: Settings) ->
     printed = agents("add", "bob", "--print-key")
     assert printed.returncode == 0 and printed.stdout.startswith("-----BEGIN PRIVATE KEY-----")
     assert not (kafka_settings.home / "keys" / "bob.key").exists()  # shown once, never written
-    assert agents("rotate", "alice").returncode == 0
+    rotated = agents("rotate", "alice")
+    returned_ms = int(time.time() * 1000)
+    assert rotated.returncode == 0 and "refused from now on" in rotated.stderr, rotated.stderr
     assert agents("revoke", "bob", "--reason", "left the team").returncode == 0
     rows = [json.loads(line) for line in agents("list", "--json").stdout.splitlines()]
     assert sorted((r["name"], r["status"]) for r in rows) == [("alice", "active"), ("alice", "rotated"),
                                                               ("bob", "revoked")]
     assert all(r["allow"] == ["ticket:", "doc:alice"] and r["tenant"] == "acme" for r in rows if r["name"] == "alice")
     assert [r["reason"] for r in rows if r["name"] == "bob"] == ["left the team"]
+    # As the README says: rotate returns once the old key is refused, not 2 s before it is.
+    (old,) = [r for r in rows if r["name"] == "alice" and r["status"] == "rotated"]
+    assert old["ended_at_ms"] <= returned_ms, (old, returned_ms)
     bad = agents("add", "saga:x")
     assert bad.returncode == 1 and "reserved" in bad.stderr and "Traceback" not in bad.stderr
 
@@ -351,7 +357,9 @@ def test_ledger_verbs_refuse_edge_values_and_change_nothing(ledger_dsn: str, tmp
     }
     for args, says in refused.items():
         result = ledger(*args)
-        assert result.exit_code != 0 and says in result.stderr, (args, result.stderr)
+        usage = says in ("not in the range", "is not a valid integer")  # click's own refusals: exit 2
+        assert result.exit_code == (2 if usage else 1) and says in result.stderr, (args, result.exit_code,
+                                                                                   result.stderr)
         assert not result.stdout, (args, result.stdout)
         assert ledger("show").stdout == before, args
 

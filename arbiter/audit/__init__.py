@@ -47,6 +47,7 @@ from .checks import (
     check_leases_and_writes,
     check_outcomes,
     check_sagas,
+    count_denials,
     refused_inputs,
     refused_positions,
     summarize,
@@ -131,6 +132,7 @@ def _check(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]
     stats |= check_determinism(log, settings, decided, findings, context)
     stats |= authenticated
     stats |= check_leases_and_writes(log, settings, findings)
+    stats |= count_denials(log, settings, findings)
     stats |= check_outcomes(log, settings, findings)
     stats |= check_sagas(log, settings, findings)
     stats |= check_cycles(log, settings, findings)

@@ -387,6 +387,27 @@ def _intent_of(log: Log, event: ToolApplied) -> ToolIntent | None:
 _FINAL = (LockGranted, LockDenied, LockCancelled, LockWaitTimedOut)
 
 
+def count_denials(log: Log, settings: Settings, findings: Findings) -> dict[str, int]:
+    """Lease commands the workers refused, by reason (``lease_denials:<reason>``, and ``lease_denials`` in
+    all): what a worker's ``arbiter_lease_denials_total`` counts, from the same decisions (each once,
+    forged ones left out, reasons as its labels), so the two can be compared."""
+    from arbiter.streams.runtime.metrics import code
+
+    stats = {"lease_denials": 0}
+    seen: set[tuple[str, str]] = set()
+    for entry in log.of(settings.topics.resource_events):
+        event = entry.record
+        if not isinstance(event, LockDenied) or entry.where in findings.intrusions or entry.where in findings.forged:
+            continue
+        if (ident := identity(event)) in seen:
+            continue  # a redelivered copy of the same decision
+        seen.add(ident)
+        key = f"lease_denials:{code(event.reason)}"
+        stats[key] = stats.get(key, 0) + 1
+        stats["lease_denials"] += 1
+    return stats
+
+
 def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str, int]:
     """Every acquire and every intent got exactly one final outcome."""
     topics = settings.topics

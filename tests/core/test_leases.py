@@ -54,9 +54,10 @@ class Harness:
         self.sent.append(command)
         cause = Cause(topic="cmds", partition=0, offset=self.offset)
         self.offset += 1
-        before = self.book.to_dict()
+        before, indexed = self.book.to_dict(), list(self.book.deadlines)
         events = decide(self.book, command, now, cause, self.rules)
         assert self.book.to_dict() == before, "decide must not change the book"
+        assert self.book.deadlines == indexed, "decide must not change the book's indexes"
         assert_indexed(self.book)
         for event in events:
             evolve(self.book, event, self.rules)
@@ -114,11 +115,10 @@ class Harness:
 
 
 def assert_indexed(book: LeaseBook) -> None:
-    """The derived indexes agree with the queue, and every waiter's deadline is in the heap."""
+    """The derived indexes hold exactly the queue: every waiter's deadline, and nothing of a waiter gone."""
     assert book.queued == {w.request_id: w for w in book.queue}
     assert book.waiting == {w.agent_id: w for w in book.queue}
-    heap = set(book.deadlines)
-    assert all((w.deadline_ms, w.seq, w.request_id) in heap for w in book.queue)
+    assert book.deadlines == sorted((w.deadline_ms, w.seq, w.request_id) for w in book.queue)
     assert all((request_id, owner) in book.seen for request_id, owner in book.owners.items())
 
 
@@ -469,3 +469,58 @@ def test_a_book_with_a_long_history_comes_back_from_its_changelog_as_it_was() ->
         h.acquire("a", now + 3)  # busy: refused, remembered too
         h.release("b", granted.token + 1, now + 4)
     assert len(h.book.seen) == 40 and h.book.id_next > 600
+
+
+# -- nothing in a book grows with its history --
+
+
+def _book_size(book: LeaseBook) -> dict[str, int]:
+    """How much a book holds, structure by structure, derived indexes included."""
+    return {"holders": len(book.holders), "queue": len(book.queue), "seen": len(book.seen),
+            "owners": len(book.owners), "queued": len(book.queued), "waiting": len(book.waiting),
+            "deadlines": len(book.deadlines)}
+
+
+def _hand_offs(rounds: int, fused: bool, rules: LeaseRules) -> LeaseBook:
+    """``rounds`` hand-offs: the holder releases, the waiter ahead is granted, the releaser queues
+    again ahead of a low-priority waiter that stays at the back, with the earliest deadline (so an
+    index cleaned lazily from its earliest deadline keeps the entry of every waiter gone). Through
+    ``step``, or through ``decide`` then ``evolve`` as a caller of the public functions would (each
+    command ``decide``d twice, as a dry run does first)."""
+    book, cause = new_book(RES), Cause(topic="cmds", partition=0, offset=0)
+
+    def send(command: Any) -> list[LockEvent]:
+        now = command.sent_at_ms
+        if fused:
+            return step(book, command, now, cause, rules)
+        decide(book, command, now, cause, rules)
+        events = decide(book, command, now, cause, rules)
+        for event in events:
+            evolve(book, event, rules)
+        return events
+
+    def queue_up(agent: str, at: int, priority: int = 1, wait: int = 600_000) -> list[LockEvent]:
+        return send(LockRequested(request_id=f"q{at}", agent_id=agent, resource=RES, mode="exclusive",
+                                  ttl_ms=600_000, wait_ms=wait, priority=priority, sent_at_ms=at))
+
+    queue_up("a", 0)
+    queue_up("patient", 1, priority=0, wait=500_000)
+    queue_up("b", 2)
+    for r in range(rounds):
+        holder, at = ("a", "b")[r % 2], 3 + 2 * r
+        events = send(LockReleaseRequested(request_id=f"x{r}", agent_id=holder, resource=RES, token=r + 1,
+                                           sent_at_ms=at))
+        assert [(e.agent_id, e.token) for e in only(events, LockGranted)] == [(("b", "a")[r % 2], r + 2)]
+        assert only(queue_up(holder, at + 1), LockQueued)
+    return book
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["decide-evolve", "step"])
+def test_nothing_in_a_book_grows_with_its_history(fused: bool) -> None:
+    """After 2,000 hand-offs a book holds what it held after 50: one holder, two waiters and their
+    indexes, and an id memory at its bound. (The waiting-deadline heap used to keep an entry per
+    waiter ever queued, and under ``decide`` each decision went through them all.)"""
+    rules = LeaseRules(max_remembered_ids=32)
+    early, late = _hand_offs(50, fused, rules), _hand_offs(2_000, fused, rules)
+    assert _book_size(early) == _book_size(late)
+    assert _book_size(late)["deadlines"] == 2 and _book_size(late)["seen"] == 32

@@ -1,6 +1,7 @@
 """``python -m bench [NAME ...]``: print Arbiter's measured figures.
 
-Names: codec, core (and queue), queue (a hand-off's cost, 1 to 1,000 waiters), roundtrip, grant, handoff,
+Names: codec, core (and queue and history), queue (a hand-off's cost, 1 to 1,000 waiters), history (a
+decision's cost after 10 and after 4,000 hand-offs, decide/evolve and step), roundtrip, grant, handoff,
 throughput, ceiling (leases and faust);
 check, intent, checks (the gateway); graph, detection (deadlocks); replay (audit, no broker);
 trust-crypto (signing and verifying, no broker), trust-latency (grants with verification on
@@ -75,9 +76,9 @@ async def bench_roundtrip(rate: float, count: int) -> None:
           f"p50 {q[49]:.2f} ms  p99 {q[98]:.2f} ms  max {max(rtts):.2f} ms")
 
 
-NAMES = ["codec", "core", "queue", "roundtrip", "grant", "handoff", "throughput", "ceiling", "check", "intent",
-         "checks", "graph", "detection", "replay", "trust-crypto", "trust-latency", "sdk-scale", "runtime", "messages",
-         "scaling", "floor"]
+NAMES = ["codec", "core", "queue", "history", "roundtrip", "grant", "handoff", "throughput", "ceiling", "check",
+         "intent", "checks", "graph", "detection", "replay", "trust-crypto", "trust-latency", "sdk-scale", "runtime",
+         "messages", "scaling", "floor"]
 
 
 def main() -> None:
@@ -129,8 +130,11 @@ def main() -> None:
         bench_codec(args.seconds)
     if "core" in names:
         leases.core(args.seconds)
-    elif "queue" in names:
-        leases.queue_cost(args.seconds)
+    else:
+        if "queue" in names:
+            leases.queue_cost(args.seconds)
+        if "history" in names:
+            leases.history_cost()
     if "roundtrip" in names:
         asyncio.run(bench_roundtrip(args.rate, args.count))
     if "grant" in names:

@@ -14,7 +14,7 @@ from aiokafka import AIOKafkaProducer
 from arbiter.agents import ArbiterClient
 from arbiter.edge.clock import now_ms
 from arbiter.schemas import Cause, LockGranted, LockReleaseRequested, LockRequested, default_codec
-from arbiter.streams.cores.leases import new_book, step
+from arbiter.streams.cores.leases import LockCommand, decide, evolve, new_book, step
 
 from .env import bench_arbiter, burst
 
@@ -90,6 +90,7 @@ def core(seconds: float) -> None:
             count += fn()
         print(f"pure core, {label}: {count / elapsed:>10,.0f} decisions/s")
     queue_cost(seconds)
+    history_cost()
 
 
 QUEUES = (1, 20, 100, 1000)
@@ -199,6 +200,56 @@ def queue_cost(seconds: float) -> dict[str, dict[int, float]]:
         row = ", ".join(f"{w} waiter{'s' if w > 1 else ''} {rate:,.0f}" for w, rate in best.items())
         print(f"queue cost, hand-off (release + queue), {label}: {row} decisions/s; "
               f"100 waiters at {best[100] / best[1]:.2f}x and 1,000 at {best[1000] / best[1]:.2f}x of 1 waiter")
+    return results
+
+
+HISTORIES = (10, 4_000)
+"""Hand-offs a resource has seen before the history-cost benchmark times its decisions."""
+
+
+def _decide_then_evolve(book: Any, command: LockCommand, now: int, cause: Cause) -> None:
+    """What a caller of the public functions does: ``decide``, then fold each event with ``evolve``."""
+    for event in decide(book, command, now, cause):
+        evolve(book, event)
+
+
+def after_history(hand_offs: int, fused: bool, sample: int = 100) -> float:
+    """The median cost (µs) of one decision, a release handing the resource on or a request queueing
+    behind it, on a resource that has seen ``hand_offs`` hand-offs with a queue of one; through
+    ``step`` (``fused``) or ``decide`` then ``evolve``. The history is built untimed, by the same path."""
+    cause = Cause(topic="bench", partition=0, offset=0)
+    setup, work = _handoffs(1, hand_offs + sample // 2)
+    apply: Callable[[Any, LockCommand, int, Cause], object] = step if fused else _decide_then_evolve
+    book = new_book("hot")
+    for command in setup:
+        apply(book, command, command.sent_at_ms, cause)
+    for release, queue_up in work[:hand_offs]:
+        apply(book, release, release.sent_at_ms, cause)
+        apply(book, queue_up, queue_up.sent_at_ms, cause)
+    samples = []
+    for pair in work[hand_offs:]:
+        for command in pair:
+            started = time.perf_counter()
+            apply(book, command, command.sent_at_ms, cause)
+            samples.append(time.perf_counter() - started)
+    assert book.last_token == hand_offs + sample // 2 + 1 and len(book.queue) == 1
+    return statistics.median(samples) * 1e6
+
+
+def history_cost(reps: int = 5) -> dict[str, dict[int, float]]:
+    """µs per decision after 10 and after 4,000 hand-offs, through ``decide``/``evolve`` and through
+    ``step``: a core's cost must not grow with a resource's history. Best of interleaved rounds."""
+    results: dict[str, dict[int, float]] = {}
+    for label, fused in (("decide+evolve", False), ("step", True)):
+        best = dict.fromkeys(HISTORIES, float("inf"))
+        for _ in range(reps):
+            for hand_offs in HISTORIES:
+                best[hand_offs] = min(best[hand_offs], after_history(hand_offs, fused))
+        results[label] = best
+        first, last = HISTORIES[0], HISTORIES[-1]
+        print(f"history cost, one decision with a queue of one, pure core ({label}): "
+              + ", ".join(f"after {n:,} hand-offs {best[n]:.1f} µs" for n in HISTORIES)
+              + f"; after {last:,} at {best[last] / best[first]:.2f}x of after {first:,}")
     return results
 
 

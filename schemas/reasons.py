@@ -166,6 +166,10 @@ WHAT_TO_DO: dict[Reason, str] = {
                       "prefixes, send a command only workers or an admin may send, or use an id reserved for sagas.",
 }
 
+OUT_OF_WINDOW: frozenset[str] = frozenset({Reason.REQUEST_EXPIRED.value, Reason.CLOCK_SKEW.value})
+"""Refusals for the command's send time alone (at or below the floor of forgotten ids, or too far ahead):
+they answer that command and decide nothing, so they are not an outcome of its id."""
+
 RETRIABLE: frozenset[Reason] = frozenset({
     Reason.BUSY, Reason.WAIT_TIMED_OUT, Reason.CANCELLED_BY_AGENT, Reason.DEADLOCK_VICTIM,
 })

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from arbiter.audit.log import Log, load_archive
+from arbiter.streams.shells.rules import Rules
 from tests.golden.record import OUTCOMES, STORIES, audit_problems, first_difference, golden_settings
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -78,3 +79,16 @@ async def test_a_changed_decision_is_named() -> None:
     assert difference.startswith(f"{cause.topic}[{cause.partition}]@{cause.offset} (ToolIntent)"), difference
     assert "version: recorded 999, now " in difference.splitlines()[0], difference
 
+
+
+def test_rules_a_history_does_not_name_mean_what_was_decided_before_they_existed() -> None:
+    """The histories were recorded before ``forget_window_refusals``: their rules read back without it,
+    as the behaviour they were decided by; a worker today announces it, and its rules read back the same."""
+    for name in STORIES:
+        (text,) = history(name).announced_rules()
+        assert "forget_window_refusals" not in text
+        rules = Rules.from_json(text)
+        assert not rules.leases.forget_window_refusals and not rules.gateway.forget_window_refusals, name
+    today = Rules.from_settings(golden_settings(history("zombie")))
+    assert today.leases.forget_window_refusals and today.gateway.forget_window_refusals
+    assert Rules.from_json(today.to_json()) == today

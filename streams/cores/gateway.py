@@ -16,7 +16,11 @@ resource, so no change of holder can slip in between a check and its write.
 ``check`` refuses with a stable reason code or accepts; the processor then runs the
 tool (its side effect is idempotent by intent id in the store it writes) and
 ``complete`` records the result. An intent id seen before gets its recorded outcome
-back from ``check`` and is never executed again.
+back from ``check`` and is never executed again. An intent sent outside the id window
+(``request_expired``, ``clock_skew``) is refused for that first, and its refusal is not
+remembered: it ran nothing, a stale re-send is refused alike every time (the floor never
+goes down), and remembered, a burst of stale re-sends pushed live outcomes out and raised
+the floor.
 
 The fencing rule (the two seed documents disagree; this is the one that lets a live
 holder write twice and still stops every zombie):
@@ -40,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from arbiter.schemas import Cause, ToolApplied, ToolIntent, ToolRejected
-from arbiter.schemas.reasons import Reason, what_to_do
+from arbiter.schemas.reasons import OUT_OF_WINDOW, Reason, what_to_do
 from arbiter.streams.cores.fencing import token_problem
 from arbiter.streams.cores.leases import LeaseBook
 
@@ -68,6 +72,10 @@ class GatewayRules:
     hide_tokens: bool = False
     """A refusal names another agent's lease without its token (with signatures on). Rules
     recorded before this existed mean False."""
+    forget_window_refusals: bool = True
+    """An intent sent outside the id window is refused for that before any other check, and the
+    refusal is not remembered. Rules recorded before this existed mean False (it came after
+    ``invalid_intent`` and was remembered like any outcome), so their logs replay as decided."""
 
     _cache: dict[str, Policy | None] = field(default_factory=dict, compare=False, repr=False)
 
@@ -252,9 +260,11 @@ def check(
     recorded = content.outcomes.get(intent.intent_id)
     if recorded is not None:
         return recorded
+    expired = _id_problem(content, intent, max(now_ms, content.clock_ms), rules)
+    if expired is not None and rules.forget_window_refusals:
+        return reject(content, book, intent, expired[0], now_ms, cause, hide_tokens=hide, **expired[1])
     if not (intent.resource and intent.agent_id and intent.intent_id and intent.tool):
         return reject(content, book, intent, Reason.INVALID_INTENT, now_ms, cause, hide_tokens=hide)
-    expired = _id_problem(content, intent, max(now_ms, content.clock_ms), rules)
     if expired is not None:
         return reject(content, book, intent, expired[0], now_ms, cause, hide_tokens=hide, **expired[1])
     text = intent.arguments_json
@@ -359,6 +369,8 @@ def evolve(content: ContentState, event: GatewayEvent, rules: GatewayRules | Non
     outcomes = content.outcomes
     if event.intent_id in outcomes:
         return content
+    if limits.forget_window_refusals and isinstance(event, ToolRejected) and event.reason in OUT_OF_WINDOW:
+        return content  # refused for its send time alone, running nothing (see the theory of operation)
     outcomes[event.intent_id] = event
     # Forget outcomes sent before the window (refused as expired from now on), then, over the
     # limit, the oldest, raising the floor below which nothing is decided any more.

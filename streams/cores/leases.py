@@ -42,7 +42,13 @@ Rules
   the detector for a revoke). A command whose (request id, sender) was decided before,
   refusals included (remembered in a bounded window, plus every live holder and waiter),
   produces no events at all; another sender's command with a remembered id is refused
-  ``request_id_taken``. An id's send time is recorded once, by its first answer.
+  ``request_id_taken``. An id's send time is recorded once, by its first answer. A command sent
+  outside the window (at or before the floor of forgotten ids: ``request_expired``; too far
+  ahead: ``clock_skew``) is refused for that first, and its refusal is not remembered: it decided
+  nothing. The floor never goes down, so a stale re-send is refused alike every time; one sent
+  too far ahead is decided if it is sent again in time, as its refusal advises. Remembered, a
+  burst of stale re-sends pushed live ids out of the memory and raised the floor, and one command
+  sent far ahead, once forgotten, raised the floor to its own send time, refusing all until then.
 - Cost: a decision changes the book in place and touches only what it changes. ``decide``
   (and a processor that must be able to drop a failed input) records how to undo each change
   (``LeaseBook.begin``), so nothing is copied whole, whatever the queue's length. Nothing in a
@@ -84,7 +90,7 @@ from arbiter.schemas import (
     WaitEdgeRemoved,
 )
 from arbiter.schemas.models import trusted
-from arbiter.schemas.reasons import Reason, what_to_do
+from arbiter.schemas.reasons import OUT_OF_WINDOW, Reason, what_to_do
 from arbiter.streams.cores.fencing import token_problem
 
 LockCommand = (
@@ -153,6 +159,10 @@ class LeaseRules:
     hide_tokens: bool = False
     """A refusal names the holders without their tokens, except the refused agent's own (with
     signatures on, as snapshots do). Rules recorded before this existed mean False."""
+    forget_window_refusals: bool = True
+    """A command sent outside the id window is refused for that before anything else, and the
+    refusal is not remembered. Rules recorded before this existed mean False (such a refusal came
+    after ``request_id_taken`` and was remembered like any answer), so their logs replay as decided."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -515,6 +525,8 @@ def _remember(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
     """Record the (request id, sender) an event answers, and forget ids whose window has passed."""
     answer = cast(LockCancelled, event)  # one of _ANSWERS: each has these fields but by_request_id
     kind = type(event)
+    if kind is LockDenied and answer.reason in OUT_OF_WINDOW and rules.forget_window_refusals:
+        return  # refused for its send time alone, deciding nothing (see the theory of operation)
     sent = answer.request_sent_at_ms
     by_command = kind is LockCancelled or kind is LockRevoked
     if sent is None:
@@ -931,14 +943,13 @@ def _run(view: LeaseBook, command: LockCommand, now_ms: int, cause: Cause, rules
     d = _Decision(view, max(now_ms, view.clock_ms), cause, version, command.sent_at_ms, rules.hide_tokens)
     if view.holders or view.queue:
         d.advance_time()
-    if taken:
-        d.deny(request_id, sender, Reason.REQUEST_ID_TAKEN, {"you_sent": {"request_id": request_id}})
-        return d.events
     problem = _id_problem(view, command, d.now, rules)
-    if problem is not None:
+    if taken and (problem is None or not rules.forget_window_refusals):
+        d.deny(request_id, sender, Reason.REQUEST_ID_TAKEN, {"you_sent": {"request_id": request_id}})
+    elif problem is not None:
         d.deny(request_id, sender, *problem)
-        return d.events
-    _HANDLERS[type(command)](d, command, rules)
+    else:
+        _HANDLERS[type(command)](d, command, rules)
     return d.events
 
 

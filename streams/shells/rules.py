@@ -16,6 +16,10 @@ from arbiter.streams.cores.gateway import GatewayRules
 from arbiter.streams.cores.leases import LeaseRules
 from arbiter.streams.cores.waitgraph import VICTIM_POLICIES, VictimPolicy
 
+BEFORE_THEY_EXISTED: dict[str, Any] = {"forget_window_refusals": False}
+"""What a lease or gateway rule that recorded rules do not name means: how decisions were made before
+it existed (a rule whose default is its old behaviour, as ``hide_tokens``'s, needs no entry)."""
+
 
 @dataclass(frozen=True)
 class Rules:
@@ -65,12 +69,15 @@ class Rules:
         """Inverse of ``to_json``; a ``ValueError`` names what does not fit."""
         try:
             data = json.loads(text)
-            gateway = dict(data["gateway"])
+            # Rules recorded before a rule existed were decided without it: its absence means its old
+            # behaviour, whatever its default is now.
+            leases = {**BEFORE_THEY_EXISTED, **data["leases"]}
+            gateway = {**BEFORE_THEY_EXISTED, **data["gateway"]}
             gateway["policies"] = tuple(tuple(pair) for pair in gateway["policies"])
             victim = data.get("victim_policy", "priority")
             if victim not in VICTIM_POLICIES:
                 raise ValueError(f"unknown victim policy {victim!r}")
-            return cls(leases=LeaseRules(**data["leases"]), gateway=GatewayRules(**gateway),
+            return cls(leases=LeaseRules(**leases), gateway=GatewayRules(**gateway),
                        graph_key=str(data["graph_key"]), victim_policy=victim,
                        verify_signatures=bool(data.get("verify_signatures", False)))
         except (KeyError, TypeError, AttributeError) as exc:

@@ -305,3 +305,65 @@ def test_a_refused_write_names_the_holder_without_its_token_when_tokens_are_hidd
         own = gate.write(gate.intent("alice", token=7), 1_002)  # alice's own refusal shows her token
         assert isinstance(own, ToolRejected)
         assert json.loads(own.diagnostic_json)["current"]["holder"]["token"] == 1
+
+
+# -- a refusal for the send time alone is an answer, not remembered --
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.booleans(), st.booleans()), min_size=10, max_size=40),
+       st.integers(1, 4))
+def test_a_burst_of_stale_intents_leaves_the_outcomes_and_the_floor_as_they_were(
+        steps: list[tuple[int, bool, bool]], copies: int) -> None:
+    """A busy resource forgets outcomes early (a memory of 5); then every intent it forgot is sent
+    again, ``copies`` times over. Each is refused ``request_expired`` (an invalid one too: the send time
+    is judged first) and runs nothing; the content is as it was (a remembered refusal used to push live
+    outcomes out and raise the floor), and each intent it remembers still gets its recorded outcome."""
+    rules = GatewayRules(policies=(("", "optimistic"),), id_window_ms=60_000, max_remembered_ids=5)
+    g = Gate(rules)
+    now, sent = 0, []
+    for dt, stale_base, invalid in steps:
+        now += dt
+        intent = g.intent("a", base=g.content.version - stale_base, tool="" if invalid else "refund")
+        sent.append(intent.model_copy(update={"sent_at_ms": now}))
+        g.write(sent[-1], now)
+    before = g.content.to_dict()
+    forgotten = [i for i in sent if i.intent_id not in g.content.outcomes]
+    assert forgotten and g.content.forgotten_sent_ms is not None
+    for intent in forgotten * copies:
+        event = g.write(intent, now)
+        assert reason(event) == "request_expired", event
+        assert g.content.to_dict() == before
+    for intent in sent:
+        if intent.intent_id in g.content.outcomes:
+            assert g.write(intent, now) is g.content.outcomes[intent.intent_id]
+
+
+def test_an_intent_sent_far_ahead_is_refused_and_never_raises_the_floor() -> None:
+    """One intent sent ten years ahead is refused ``clock_skew`` and not remembered (remembered, it was
+    forgotten early like any outcome and raised the floor to its send time: every write refused for ten
+    years). Sent again in time, it is decided."""
+    g = Gate(GatewayRules(policies=(("", "optimistic"),), max_remembered_ids=4, clock_skew_ms=60_000))
+    ahead = g.intent("skewed", base=0).model_copy(update={"sent_at_ms": 10 * 365 * 86_400_000})
+    assert reason(g.write(ahead, 0)) == "clock_skew"
+    for now in range(1, 11):
+        assert reason(g.write(g.intent("a", base=g.content.version).model_copy(update={"sent_at_ms": now}),
+                              now)) == "applied"
+    assert (g.content.forgotten_sent_ms or 0) <= 10
+    assert reason(g.write(ahead.model_copy(update={"sent_at_ms": 11, "base_version": 10}), 11)) == "applied"
+
+
+def test_rules_recorded_before_remember_a_refusal_for_the_send_time_as_they_did() -> None:
+    """Logs decided before ``forget_window_refusals`` replay as decided: an invalid intent was refused
+    ``invalid_intent`` before its send time was judged, and a stale one's refusal was remembered."""
+    for forget in (False, True):
+        rules = GatewayRules(policies=(("", "optimistic"),), max_remembered_ids=2, forget_window_refusals=forget)
+        g = Gate(rules)
+        first = g.intent("a", base=0).model_copy(update={"sent_at_ms": 1})
+        g.write(first, 1)
+        for now in (2, 3):
+            g.write(g.intent("a", base=g.content.version).model_copy(update={"sent_at_ms": now}), now)
+        assert reason(g.write(first, 4)) == "request_expired"
+        assert (first.intent_id in g.content.outcomes) is not forget
+        invalid = first.model_copy(update={"tool": "", "intent_id": "stale-and-invalid"})
+        assert reason(g.write(invalid, 5)) == ("request_expired" if forget else "invalid_intent")

@@ -6,6 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from arbiter.schemas import (
     Cause,
@@ -454,6 +456,81 @@ def test_a_live_waiters_request_sent_again_is_a_repeat_even_after_its_id_is_forg
     h.acquire("y", 30)
     assert not [k for k in h.book.seen if k[1] == "waiter"]
     assert h.send(queued, 40, as_sent=True) == [], "a waiter's own request, redelivered, was decided again"
+
+
+def _live(book: LeaseBook, command: Any) -> bool:
+    """Whether ``command`` is still a repeat to ``book``: its id remembered, or its request a live one."""
+    sender = command.requested_by if isinstance(command, LockRevokeRequested) else command.agent_id
+    return ((command.request_id, sender) in book.seen or command.request_id in book.queued
+            or any(lease.request_id == command.request_id for lease in book.holders.values()))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 30), st.booleans()), min_size=20, max_size=40),
+       st.integers(1, 4))
+def test_a_burst_of_stale_re_sends_leaves_the_memory_and_the_floor_as_they_were(
+        steps: list[tuple[int, int, bool]], copies: int) -> None:
+    """A busy resource forgets ids early (a memory of 5); then every command it forgot is sent again,
+    ``copies`` times over, as anyone who reads the log can. Each is refused ``request_expired`` and
+    decides nothing; the book is as it was (the same ids remembered, the same floor: a remembered
+    refusal used to push live ids out and raise the floor), and each id it remembers is still a repeat."""
+    h = Harness(LeaseRules(id_window_ms=60_000, max_remembered_ids=5))
+    now = 0
+    for agent, dt, release in steps:
+        now += dt
+        held = next((lease for lease in h.book.holders.values() if lease.agent_id == f"a{agent}"), None)
+        if release and held is not None:
+            h.release(held.agent_id, held.token, now)
+        else:
+            h.acquire(f"a{agent}", now, wait=20)
+    h.tick(now)  # what time alone does now is done: the burst below meets the book as it stands
+    before = h.book.to_dict()
+    forgotten = [c for c in h.sent if not isinstance(c, LockTick) and not _live(h.book, c)]
+    assert forgotten and h.book.forgotten_sent_ms is not None
+    for command in forgotten * copies:
+        assert command.sent_at_ms <= h.book.forgotten_sent_ms
+        (refused,) = h.send(command, now, as_sent=True)
+        assert isinstance(refused, LockDenied) and refused.reason == "request_expired", refused
+        assert h.book.to_dict() == before
+    for command in list(h.sent):  # (sending appends to it)
+        if not isinstance(command, LockTick) and _live(h.book, command):
+            assert h.send(command, now, as_sent=True) == [], "a live id was decided again"
+
+
+def test_a_command_sent_far_ahead_is_refused_and_never_raises_the_floor() -> None:
+    """One command sent ten years ahead is refused ``clock_skew`` and not remembered: remembered, it
+    was forgotten early like any id, and the floor rose to its send time, refusing every command on
+    the resource for ten years. Sent again in time, it is decided, as its refusal advises."""
+    h = Harness(LeaseRules(max_remembered_ids=4, clock_skew_ms=60_000))
+    ahead = LockRequested(request_id="ahead", agent_id="skewed", resource=RES, mode="exclusive", ttl_ms=1_000,
+                          wait_ms=0, sent_at_ms=10 * 365 * 86_400_000)
+    (refused,) = h.send(ahead, 0, as_sent=True)
+    assert isinstance(refused, LockDenied) and refused.reason == "clock_skew"
+    now = 0
+    for _ in range(10):
+        now += 2_000
+        (granted,) = only(h.acquire("a", now, ttl=1_000), LockGranted)
+        assert isinstance(h.release("a", granted.token, now + 1)[-1], LockReleased)
+    assert (h.book.forgotten_sent_ms or 0) <= now
+    (again,) = h.send(ahead.model_copy(update={"sent_at_ms": now + 10}), now + 10, as_sent=True)
+    assert isinstance(again, LockGranted) and again.request_id == "ahead"
+
+
+def test_rules_recorded_before_remember_a_refusal_for_its_send_time_as_they_did() -> None:
+    """Logs decided before ``forget_window_refusals`` replay as decided: the refusal of a stale
+    re-send was remembered, and so its next copy had no answer at all."""
+    for forget in (False, True):
+        h = Harness(LeaseRules(max_remembered_ids=2, forget_window_refusals=forget))
+        (granted,) = h.acquire("owner", 0, request_id="x")
+        h.release("owner", granted.token, 1)
+        h.acquire("b", 2)
+        h.acquire("c", 3)  # busy; the owner's id is forgotten now
+        stale = h.sent[0]
+        (refused,) = h.send(stale, 4, as_sent=True)
+        assert isinstance(refused, LockDenied) and refused.reason == "request_expired"
+        assert (("x", "owner") in h.book.seen) is not forget
+        again = h.send(stale, 5, as_sent=True)
+        assert [e.reason for e in only(again, LockDenied)] == (["request_expired"] if forget else [])
 
 
 def test_a_book_with_a_long_history_comes_back_from_its_changelog_as_it_was() -> None:

@@ -27,6 +27,7 @@ have been refused and was decided anyway is a violation, never an intrusion.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 from dataclasses import asdict, dataclass, field
@@ -60,11 +61,11 @@ from arbiter.schemas import (
 )
 from arbiter.schemas.codec import default_codec
 from arbiter.schemas.identity import ROLE_ADMIN, ROLE_WORKER, Refused, Registry, Verified
-from arbiter.schemas.reasons import Reason
+from arbiter.schemas.reasons import OUT_OF_WINDOW, Reason
 from arbiter.streams.cores.trust import authorize
 
 from .log import Entry, Log, identity
-from .replay import NO_ANCHORS, Output, from_outside, verifies
+from .replay import NO_ANCHORS, Output, from_outside, rules_of, verifies
 
 CHECKS: dict[str, str] = {
     "determinism": "re-derived decisions equal the recorded ones",
@@ -408,9 +409,44 @@ def count_denials(log: Log, settings: Settings, findings: Findings) -> dict[str,
     return stats
 
 
+def refused_for_its_send_time(log: Log, event: LockDenied | ToolRejected, clock_skew_ms: int) -> bool:
+    """Whether ``event`` refuses one copy of a command for when it was sent, as the log shows: the
+    command it names as its cause is that request (same resource, id and sender), sent when the
+    refusal says, and that time is at or below the floor the refusal states (``request_expired``:
+    the id memory forgot it, or never had it) or beyond the decision's time plus the allowed skew
+    (``clock_skew``). Such a refusal decides nothing: it answers that copy (anyone who reads the log
+    can send an old signed command again), not the id, which keeps the outcome it had. Whether it
+    was the right answer is ``determinism``'s to judge, by re-deriving it."""
+    if event.reason not in OUT_OF_WINDOW:
+        return False
+    cause = event.cause
+    found = log.find(cause.topic, cause.partition, cause.offset)
+    command = found.record if found is not None else None
+    if isinstance(event, LockDenied):
+        if not (isinstance(command, LockRequested) and command.request_id == event.request_id):
+            return False
+    elif not (isinstance(command, ToolIntent) and command.intent_id == event.intent_id):
+        return False
+    if (command.resource, command.agent_id, command.sent_at_ms) != (event.resource, event.agent_id,
+                                                                    event.request_sent_at_ms):
+        return False
+    sent: int = command.sent_at_ms
+    if event.reason == Reason.CLOCK_SKEW:
+        return sent > event.decided_at_ms + clock_skew_ms
+    detail = event.detail if isinstance(event, LockDenied) else event.diagnostic_json
+    try:
+        floor = json.loads(detail).get("refused_at_or_before_ms")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(floor, int) and sent <= floor
+
+
 def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str, int]:
-    """Every acquire and every intent got exactly one final outcome."""
+    """Every acquire and every intent got exactly one final outcome (a refusal of a copy for its send
+    time alone, ``refused_for_its_send_time``, answers that copy: it is the outcome only of an id
+    that has no other)."""
     topics = settings.topics
+    rules = rules_of(log, settings)[0]
     # Per (resource, request id, agent): a request id is its sender's, and another agent's command with
     # the same id gets an answer of its own (request_id_taken), which is not this request's outcome.
     finals: dict[tuple[str, str, str], set[tuple[str, str]]] = defaultdict(set)
@@ -418,11 +454,16 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
     queued: set[tuple[str, str, str]] = set()
     outcomes: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)  # (resource, intent id): its scope
     outcome_at: dict[tuple[str, str], Entry] = {}
+    copies_refused: set[tuple[str, ...]] = set()  # ids some copy of which was refused for its send time
     for entry in log.of(topics.resource_events):
         e = entry.record
         if entry.where in findings.intrusions:
             continue
-        if isinstance(e, _FINAL):
+        if isinstance(e, LockDenied) and refused_for_its_send_time(log, e, rules.leases.clock_skew_ms):
+            copies_refused.add((e.resource, e.request_id, e.agent_id))
+        elif isinstance(e, ToolRejected) and refused_for_its_send_time(log, e, rules.gateway.clock_skew_ms):
+            copies_refused.add((e.resource, e.intent_id))
+        elif isinstance(e, _FINAL):
             finals[e.resource, e.request_id, e.agent_id].add(identity(e))
             final_at.setdefault((e.resource, e.request_id, e.agent_id), entry)
         elif isinstance(e, LockQueued):
@@ -452,7 +493,7 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
                 findings.add("one_outcome", f"request {c.request_id} of {c.agent_id} got {len(got)} final outcomes: "
                              f"{', '.join(sorted(name for name, _ in got))}", [entry, final_at[ident]],
                              resource=c.resource)
-            elif not got:
+            elif not got and ident not in copies_refused:
                 still = ident in queued
                 processed = entry.offset <= last_processed.get(entry.partition, -1)
                 findings.add("one_outcome", f"request {c.request_id} of {c.agent_id} "
@@ -468,7 +509,7 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
             if len(answers) > 1:
                 findings.add("one_outcome", f"intent {c.intent_id} got {len(answers)} different outcomes",
                              [entry, outcome_at[scoped]], resource=c.resource)
-            elif not answers:
+            elif not answers and scoped not in copies_refused:
                 processed = entry.offset <= last_processed.get(entry.partition, -1)
                 findings.add("one_outcome", f"intent {c.intent_id} of {c.agent_id} got no outcome", [entry],
                              open_=not processed, resource=c.resource)

@@ -68,6 +68,7 @@ from arbiter.schemas import (
 )
 from arbiter.schemas.identity import Signer
 from arbiter.schemas.partitioning import partition_for
+from arbiter.schemas.reasons import OUT_OF_WINDOW
 
 from .rig import ChaosError, LogFollower, Rig, close_quietly
 from .workload import Phase, Workload, percentile
@@ -515,14 +516,15 @@ _FINAL = ("LockGranted", "LockDenied", "LockWaitTimedOut", "LockCancelled", "Too
 def decided_twice(log: Any) -> list[str]:
     """Ids (of acquires, releases, renewals and writes) the workers decided more than once: two different
     decisions of one type for one id, or two final answers to one acquire or intent. A repeat that is answered
-    again with its first answer (an identical copy) is fine; so is ``request_expired`` for a repeat
-    whose id was forgotten (it is refused, never decided again)."""
+    again with its first answer (an identical copy) is fine; so is a refusal for the send time alone
+    (``request_expired`` for a repeat whose id was forgotten, ``clock_skew`` for one sent too far ahead):
+    it decides nothing."""
     from arbiter.audit.log import identity
 
     seen: dict[tuple[str, str], set[tuple[str, str]]] = {}
     for entry in log.of(log.topics.resource_events):
         record = entry.record
-        if record is None or getattr(record, "reason", None) == "request_expired":
+        if record is None or getattr(record, "reason", None) in OUT_OF_WINDOW:
             continue
         ident = getattr(record, "intent_id", None) or getattr(record, "request_id", None)
         if not ident or isinstance(record, LockExpired):

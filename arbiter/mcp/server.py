@@ -20,6 +20,7 @@ from typing import Annotated, Any, cast
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.tools import Tool
 from mcp.server.mcpserver.utilities.func_metadata import ArgModelBase
 from mcp.server.subscriptions import InMemorySubscriptionBus, ResourceUpdated
 from mcp_types import ToolAnnotations
@@ -87,15 +88,20 @@ class Notifier:
 
 def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter") -> MCPServer:
     """An ``MCPServer`` with Arbiter's tools, answering the agent ``resolve`` names for each call."""
-    server: MCPServer = MCPServer(name, instructions=INSTRUCTIONS, version="1", log_level="WARNING",
-                                  subscriptions=notifier.bus)
+    made: list[Tool] = []
+
+    def tool(*, annotations: ToolAnnotations) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            made.append(strict(Tool.from_function(fn, annotations=annotations)))
+            return fn
+        return register
 
     async def tools_of(ctx: Context) -> AgentTools:
         tools = await resolve(ctx)
         tools.touch()
         return tools
 
-    @server.tool(annotations=_writes(title="Acquire a lease", destructive=False, idempotent=True))
+    @tool(annotations=_writes(title="Acquire a lease", destructive=False, idempotent=True))
     async def acquire_lease(
             resource: Resource, ctx: Context,
             mode: Annotated[str, Field(pattern="^(exclusive|shared)$",
@@ -111,25 +117,25 @@ def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter")
         agent keeps it past wait_seconds."""
         return await (await tools_of(ctx)).acquire_lease(resource, mode, ttl_seconds, wait_seconds, priority)
 
-    @server.tool(annotations=_writes(title="Renew a lease", destructive=False, idempotent=True))
+    @tool(annotations=_writes(title="Renew a lease", destructive=False, idempotent=True))
     async def renew_lease(resource: Resource, ctx: Context,
                           ttl_seconds: Annotated[float | None, Field(gt=0, le=3600)] = None) -> LeaseAnswer:
         """Extend a lease you hold now. Rarely needed: the server renews your leases while you are active.
         Use it before a long silent step (a long build) so the lease outlives it."""
         return await (await tools_of(ctx)).renew_lease(resource, ttl_seconds)
 
-    @server.tool(annotations=_writes(title="Release a lease", destructive=False, idempotent=True))
+    @tool(annotations=_writes(title="Release a lease", destructive=False, idempotent=True))
     async def release_lease(resource: Resource, ctx: Context) -> ReleaseAnswer:
         """Give a lease back as soon as you are done, so the next agent in line gets it."""
         return await (await tools_of(ctx)).release_lease(resource)
 
-    @server.tool(annotations=READ)
+    @tool(annotations=READ)
     async def lease_status(ctx: Context) -> StatusAnswer:
         """The leases you hold through this server, their tokens and how long they last, and the idle
         limit after which they stop being renewed."""
         return await (await tools_of(ctx)).lease_status()
 
-    @server.tool(annotations=READ)
+    @tool(annotations=READ)
     async def snapshot(resource: Resource, ctx: Context,
                        content: Annotated[bool, Field(description="Also return the content.")] = False
                        ) -> SnapshotAnswer:
@@ -137,7 +143,7 @@ def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter")
         plan a change, and use its version as base_version when you commit."""
         return await (await tools_of(ctx)).snapshot(resource, content)
 
-    @server.tool(annotations=_writes(title="Run a tool through the gateway", destructive=True, idempotent=True))
+    @tool(annotations=_writes(title="Run a tool through the gateway", destructive=True, idempotent=True))
     async def execute_tool(
             resource: Resource, tool: Annotated[str, Field(min_length=1, max_length=200)],
             arguments: dict[str, Any], ctx: Context,
@@ -151,7 +157,7 @@ def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter")
         resource moved since your base (with what changed)."""
         return await (await tools_of(ctx)).execute_tool(resource, tool, arguments, base_version, intent_id)
 
-    @server.tool(annotations=_writes(title="Commit a change", destructive=True, idempotent=True))
+    @tool(annotations=_writes(title="Commit a change", destructive=True, idempotent=True))
     async def commit(resource: Resource, base_version: Annotated[int, Field(ge=0)], patch: dict[str, Any],
                      ctx: Context, intent_id: Annotated[str | None, Field(max_length=200)] = None
                      ) -> OutcomeAnswer:
@@ -160,7 +166,7 @@ def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter")
         commit again with the new version."""
         return await (await tools_of(ctx)).commit(resource, base_version, patch, intent_id)
 
-    @server.tool(annotations=_writes(title="Wait on another agent", destructive=False, idempotent=True))
+    @tool(annotations=_writes(title="Wait on another agent", destructive=False, idempotent=True))
     async def delegate(to: Annotated[str, Field(min_length=1, max_length=200)], ctx: Context,
                        task: Annotated[str, Field(max_length=2000)] = "",
                        finished: Annotated[bool, Field(description="True when the work you handed over is "
@@ -171,7 +177,7 @@ def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter")
         it, a notice says so."""
         return await (await tools_of(ctx)).delegate(to, task, finished)
 
-    @server.tool(annotations=_writes(title="Make your sandbox", destructive=False, idempotent=True))
+    @tool(annotations=_writes(title="Make your sandbox", destructive=False, idempotent=True))
     async def sandbox_create(repository: Repository, ctx: Context,
                              base: Annotated[str, Field(min_length=1, max_length=200)] = "main"
                              ) -> SandboxAnswer:
@@ -179,7 +185,7 @@ def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter")
         there: other agents never see your work until sandbox_merge lands it."""
         return await (await tools_of(ctx)).sandbox_create(repository, base)
 
-    @server.tool(annotations=_writes(title="Merge your sandbox", destructive=True, idempotent=False))
+    @tool(annotations=_writes(title="Merge your sandbox", destructive=True, idempotent=False))
     async def sandbox_merge(repository: Repository, message: Annotated[str, Field(min_length=1, max_length=10_000)],
                             ctx: Context) -> OutcomeAnswer:
         """Merge your sandbox's commits into the target branch through the merge queue, after the
@@ -188,13 +194,13 @@ def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter")
         resolve, commit, merge again. A failing check is check_failed with its output."""
         return await (await tools_of(ctx)).sandbox_merge(repository, message)
 
-    @server.tool(annotations=_writes(title="Rebase your sandbox", destructive=False, idempotent=True))
+    @tool(annotations=_writes(title="Rebase your sandbox", destructive=False, idempotent=True))
     async def sandbox_rebase(repository: Repository, ctx: Context) -> RebaseAnswer:
         """Rebase your sandbox onto the target's new head. Answers the paths that still conflict (the
         rebase is then undone and your sandbox is as it was), or none when done."""
         return await (await tools_of(ctx)).sandbox_rebase(repository)
 
-    @server.tool(annotations=_writes(title="Claim paths", destructive=False, idempotent=True))
+    @tool(annotations=_writes(title="Claim paths", destructive=False, idempotent=True))
     async def claim_paths(repository: Repository,
                           paths: Annotated[list[str], Field(max_length=200, description="Paths or globs "
                                                             "('src/auth/**'); [] withdraws your claim.")],
@@ -204,17 +210,20 @@ def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter")
         would collide with."""
         return await (await tools_of(ctx)).claim_paths(repository, paths)
 
-    @server.tool(annotations=READ)
+    @tool(annotations=READ)
     async def claims(repository: Repository, ctx: Context) -> ClaimsAnswer:
         """Every agent's path claims on a repository: check before you pick what to change."""
         return await (await tools_of(ctx)).claims(repository)
 
-    @server.tool(annotations=READ)
+    @tool(annotations=READ)
     async def explain_rejection(diagnostic: Annotated[dict[str, Any], Field(description="The 'diagnostic' "
                                                                             "of a refused answer.")],
                                 ctx: Context) -> Explanation:
         """Turn a refusal's diagnostic into the next step to take, and whether retrying as is can work."""
         return await (await tools_of(ctx)).explain_rejection(diagnostic)
+
+    server: MCPServer = MCPServer(name, instructions=INSTRUCTIONS, version="1", log_level="WARNING",
+                                  subscriptions=notifier.bus, tools=made)
 
     @server.resource("arbiter://agents/{agent}/notices", mime_type="application/json")
     async def notices(agent: str, ctx: Context) -> str:
@@ -224,16 +233,15 @@ def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter")
             return json.dumps({"error": "forbidden", "detail": "you may read only your own notices"})
         return json.dumps({"agent": agent, "notices": tools.history})
 
-    refuse_unknown_arguments(server)
     return server
 
 
-def refuse_unknown_arguments(server: MCPServer) -> None:
-    """Every tool refuses an argument it does not take (the SDK ignores them): a caller that sends one, a
+def strict(tool: Tool) -> Tool:
+    """A tool that refuses an argument it does not take (the SDK ignores them): a caller that sends one, a
     ``check`` command, say, learns it was not taken, and the schema says ``additionalProperties: false``."""
-    for tool in server._tool_manager.list_tools():  # the SDK has no option for it
-        base = tool.fn_metadata.arg_model
-        strict = cast(type[ArgModelBase], type(base.__name__, (base,), {
-            "model_config": ConfigDict(extra="forbid", arbitrary_types_allowed=True)}))
-        tool.fn_metadata.arg_model = strict
-        tool.parameters = strict.model_json_schema(by_alias=True)
+    base = tool.fn_metadata.arg_model
+    model = cast(type[ArgModelBase], type(base.__name__, (base,), {
+        "model_config": ConfigDict(extra="forbid", arbitrary_types_allowed=True)}))
+    tool.fn_metadata.arg_model = model
+    tool.parameters = model.model_json_schema(by_alias=True)
+    return tool

@@ -97,9 +97,9 @@ class KafkaTransport:
 
     async def start(self) -> None:
         """Connect, and start reading this agent's inbox from its current end."""
-        if self._signer is None:
-            self._signer = await self._identity()
         try:
+            if self._signer is None:
+                self._signer = await self._identity()  # (enrolling reads the registry from Kafka)
             hub = await hubs.join(self.settings, self.agent_id, self)
         except KafkaError as exc:
             raise ArbiterUnavailable(f"Kafka at {self.settings.bootstrap} could not be reached: "

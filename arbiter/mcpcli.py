@@ -4,16 +4,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from arbiter.edge.settings import Settings
+
+if TYPE_CHECKING:
+    from arbiter.agents import ArbiterClient
 
 from .console import fail, settings_of
 
@@ -24,6 +26,31 @@ HOOK_EXIT_BLOCK = 2
 def heartbeat_path(settings: Settings, agent: str) -> Path:
     """The file the hook touches and ``arbiter mcp`` reads as the agent's activity."""
     return settings.home / "mcp" / f"{agent}.heartbeat"
+
+
+class Connection:
+    """A client's connection, begun at once in the background; a call waits for it, and after a failure
+    (Kafka unreachable) the next call tries again instead of failing for the rest of the session."""
+
+    def __init__(self, client: ArbiterClient) -> None:
+        self.client = client
+        self.task: asyncio.Task[None] = asyncio.create_task(client.start())
+
+    async def ready(self) -> None:
+        """Return once connected; raise what the connecting raised (``ArbiterUnavailable``, say)."""
+        if self.task.done() and (self.task.cancelled() or self.task.exception() is not None):
+            self.task = asyncio.create_task(self.client.start())
+        await asyncio.shield(self.task)
+
+    async def stop(self) -> bool:
+        """Stop connecting; whether it had connected."""
+        if not self.task.done():
+            self.task.cancel()
+        try:
+            await self.task
+        except (asyncio.CancelledError, Exception):  # cancelled, or it never connected
+            return False
+        return True
 
 
 @click.command("mcp")
@@ -38,11 +65,13 @@ def mcp(ctx: click.Context, agent: str, idle: float | None, max_hold: float | No
     """An MCP server over stdio for one coding agent: leases the server renews while the agent works,
     writes through the gateway, sandboxes and merges, and explain_rejection. Coding agents launch it
     (.mcp.json, Codex's config.toml); stdout carries only the protocol."""
-    from arbiter.agents import ArbiterClient
+    from arbiter.agents import ArbiterClient, ArbiterUnavailable
     from arbiter.mcp.tools import AgentTools
     from arbiter.schemas.identity import IdentityError
 
     try:
+        from mcp.server.mcpserver.exceptions import ToolError
+
         from arbiter.mcp.server import Notifier, build_server
     except ImportError as exc:
         fail(f"arbiter mcp needs the MCP SDK ({exc})", "pip install 'arbiter[mcp]'")
@@ -52,10 +81,11 @@ def mcp(ctx: click.Context, agent: str, idle: float | None, max_hold: float | No
     async def serve() -> None:
         from arbiter.mcp.hookserver import HookServer
 
-        # The protocol answers at once; the client connects meanwhile (a tool call waits for it), so an
-        # agent's launch does not wait on Kafka.
+        # The protocol answers at once; the client connects meanwhile (a call waits for it, and an
+        # outage's refusal is answered as such and tried again on the next call), so an agent's launch
+        # does not wait on Kafka.
         client = ArbiterClient(agent, settings)
-        connected = asyncio.create_task(client.start())
+        connection = Connection(client)
         notifier = Notifier()
         loop = asyncio.get_running_loop()
         pending: set[asyncio.Task[None]] = set()
@@ -69,19 +99,21 @@ def mcp(ctx: click.Context, agent: str, idle: float | None, max_hold: float | No
                            heartbeat=heartbeat_path(settings, agent), on_notice=on_notice)
 
         async def resolve(_ctx: Any) -> AgentTools:
-            await asyncio.shield(connected)
+            try:
+                await connection.ready()
+            except ArbiterUnavailable as exc:
+                raise ToolError(f"unavailable: {exc}. Nothing was done; call again once Kafka answers.") from exc
+            except IdentityError as exc:
+                raise ToolError(f"{exc}. Nothing was done; the operator issues it: arbiter agents add {agent}") from exc
             return tools
 
-        hooks = HookServer(client, settings, on_activity=tools.touch, ready=connected)
+        hooks = HookServer(client, settings, on_activity=tools.touch, ready=connection.ready)
         try:
             await hooks.start()
             await build_server(resolve, notifier).run_stdio_async()
         finally:
             await hooks.close()
-            if not connected.done():
-                connected.cancel()
-            with contextlib.suppress(BaseException):
-                await connected
+            if await connection.stop():
                 await tools.close()
             await client.close()
 

@@ -17,7 +17,7 @@ import contextlib
 import logging
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ class HookServer:
     """Answers ``agent``'s hook with ``client`` (an ``ArbiterClient``, started by the caller)."""
 
     def __init__(self, client: Any, settings: Settings, *, on_activity: Callable[[], None] | None = None,
-                 heartbeat: Path | None = None, ready: asyncio.Future[None] | None = None) -> None:
+                 heartbeat: Path | None = None, ready: Callable[[], Awaitable[None]] | None = None) -> None:
         self.client = client
         self.ready = ready
         """What to wait for before a decision (the client's connection), within the decision's time."""
@@ -141,7 +141,7 @@ class HookServer:
             repos = {name: repo.path for name, repo in self.settings.repositories().items()}
             async with asyncio.timeout(DECIDE_SECONDS):
                 if self.ready is not None:
-                    await asyncio.shield(self.ready)
+                    await self.ready()
                 reason = await decide(payload, self.client, repos, self.sandboxes)
         except TimeoutError:
             return "block", (f"Arbiter at {self.settings.bootstrap} did not answer within {DECIDE_SECONDS:g} s, "

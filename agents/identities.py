@@ -37,6 +37,7 @@ from arbiter.schemas.identity import (
     REVOKED,
     ROLE_ADMIN,
     ROLE_AGENT,
+    ROLE_RUNNER,
     ROLE_WORKER,
     ROTATED,
     IdentityError,
@@ -115,8 +116,8 @@ class Registrar:
         problem = valid_name(name)
         if problem:
             raise IdentityError(f"{name!r} cannot be an identity: {problem}")
-        if role not in (ROLE_AGENT, ROLE_WORKER):
-            raise IdentityError(f"role must be {ROLE_AGENT} or {ROLE_WORKER}, not {role!r}")
+        if role not in (ROLE_AGENT, ROLE_WORKER, ROLE_RUNNER):
+            raise IdentityError(f"role must be {ROLE_AGENT}, {ROLE_WORKER} or {ROLE_RUNNER}, not {role!r}")
         if any(e.name == name and e.status == ACTIVE and not e.credential for e in await self.entries()):
             raise IdentityError(f"{name!r} already has an active key: rotate it ('arbiter agents rotate {name}') "
                                 f"or revoke it first")

@@ -14,7 +14,7 @@ from arbiter.agents.identities import Registrar, ensure_identity
 from arbiter.edge.keys import key_file
 from arbiter.edge.settings import Settings
 from arbiter.schemas import IdentityRegistered
-from arbiter.schemas.identity import ROLE_AGENT, ROLE_WORKER, IdentityError
+from arbiter.schemas.identity import ROLE_AGENT, ROLE_RUNNER, ROLE_WORKER, IdentityError
 
 from .console import fail, say, settings_of
 
@@ -50,7 +50,8 @@ def agents() -> None:
 @click.option("--tenant", default="", help="The tenant the agent belongs to (shown in list and audit).")
 @click.option("--allow", default="", help="Resource-name prefixes the agent may act on, comma separated "
                                           "(e.g. 'account:acme/,doc:acme/'). Default: every resource.")
-@click.option("--role", type=click.Choice([ROLE_AGENT, ROLE_WORKER]), default=ROLE_AGENT, show_default=True)
+@click.option("--role", type=click.Choice([ROLE_AGENT, ROLE_WORKER, ROLE_RUNNER]), default=ROLE_AGENT,
+              show_default=True)
 @click.option("--print-key", is_flag=True, help="Print the private key once (for a secret store) instead of "
                                                 "writing it under ARBITER_HOME/keys.")
 @click.option("--print-api-key", is_flag=True, help="Also issue a front-door credential and print its API key "

@@ -53,9 +53,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from arbiter.schemas.models import IdentityRegistered
 from arbiter.schemas.reasons import Reason
-from arbiter.schemas.roles import RESERVED_PREFIXES, ROLE_ADMIN, ROLE_AGENT, ROLE_WORKER, ROLES
+from arbiter.schemas.roles import RESERVED_PREFIXES, ROLE_ADMIN, ROLE_AGENT, ROLE_RUNNER, ROLE_WORKER, ROLES
 
-__all__ = ["RESERVED_PREFIXES", "ROLES", "ROLE_ADMIN", "ROLE_AGENT", "ROLE_WORKER"]
+__all__ = ["RESERVED_PREFIXES", "ROLES", "ROLE_ADMIN", "ROLE_AGENT", "ROLE_RUNNER", "ROLE_WORKER"]
 
 HEADER_KEY_ID = "arbiter-kid"
 HEADER_AT = "arbiter-at"

@@ -476,6 +476,96 @@ class SagaFinished(Record):
     cause: Cause
 
 
+# -- merge trains (topic: resource commands / events, key: repo:<name>) ------------------
+
+
+class CheckVerdict(Record):
+    """A check runner's signed verdict on one merge of a repository's train."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.train.CheckVerdict"
+
+    verdict_id: str
+    runner_id: str
+    resource: str
+    intent_id: str
+    base: str
+    commit: str
+    tree: str
+    check_digest: str
+    command: str = ""
+    passed: bool
+    conflicts: list[str] = []
+    exit_code: int | None = None
+    stopped: str
+    output_digest: str
+    output_bytes: int
+    output_tail: str
+    seconds_ms: int
+    sent_at_ms: int
+
+
+class MergeQueued(Record):
+    """A merge joined its repository's train."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.train.MergeQueued"
+
+    intent_id: str
+    agent_id: str
+    resource: str
+    target: str
+    token: int
+    commit: str
+    head: str
+    check_digest: str | None = None
+    arguments_json: str
+    position: int
+    request_sent_at_ms: int | None = None
+    decided_at_ms: int
+    cause: Cause
+
+
+class MergeChecked(Record):
+    """A runner's verdict on a merge of the train, recorded in the repository's order."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.train.MergeChecked"
+
+    intent_id: str
+    agent_id: str
+    resource: str
+    verdict_id: str
+    runner_id: str
+    base: str
+    commit: str
+    tree: str
+    check_digest: str
+    command: str = ""
+    passed: bool
+    conflicts: list[str] = []
+    exit_code: int | None = None
+    stopped: str
+    output_digest: str
+    output_bytes: int
+    output_tail: str
+    seconds_ms: int
+    decided_at_ms: int
+    cause: Cause
+
+
+class MergeReplanned(Record):
+    """A merge at the front could not land as checked (the target moved): it waits for a new check."""
+
+    AVRO_NAME: ClassVar[str] = "arbiter.train.MergeReplanned"
+
+    intent_id: str
+    agent_id: str
+    resource: str
+    target: str
+    head: str
+    reason: str
+    decided_at_ms: int
+    cause: Cause
+
+
 # -- system ------------------------------------------------------------------------
 
 

@@ -9,6 +9,8 @@ so the signer's name, role and allowed prefixes are facts. The rules:
 - **Admins** may send the operator's overrides: a revocation (force-release) with a
   reason, a saga abort, and the read-only requests (snapshot, ping). Nothing else: an
   admin who wants to act as an agent registers one.
+- **Check runners** may send their verdicts on merges (``CheckVerdict``), naming themselves, on the
+  repositories their allowed prefixes cover, and nothing else: a runner's pass is what lands a merge.
 - **Agents** may send their own lock commands, intents, saga steps, saga aborts,
   snapshots and pings, and nothing processor-only. Every agent id the message names is
   the signer's; every resource it names lies under the signer's allowed prefixes; no
@@ -24,6 +26,7 @@ acts with more authority than its owner.
 from __future__ import annotations
 
 from arbiter.schemas import (
+    CheckVerdict,
     CompensationRequested,
     IdentityRegistered,
     LockCancelRequested,
@@ -40,7 +43,7 @@ from arbiter.schemas import (
     WaitEdgeRemoved,
 )
 from arbiter.schemas.reasons import Reason
-from arbiter.schemas.roles import RESERVED_PREFIXES, ROLE_ADMIN, ROLE_AGENT, ROLE_WORKER
+from arbiter.schemas.roles import RESERVED_PREFIXES, ROLE_ADMIN, ROLE_AGENT, ROLE_RUNNER, ROLE_WORKER
 
 AGENT_COMMANDS = (LockRequested, LockRenewRequested, LockReleaseRequested, LockCancelRequested, ToolIntent, SagaStep,
                   CompensationRequested, SnapshotRequested, Ping, WaitEdgeAdded, WaitEdgeRemoved)
@@ -88,6 +91,14 @@ def authorize(identity: IdentityRegistered, record: Record) -> tuple[Reason, str
     """Why ``identity`` may not send ``record`` (None: it may)."""
     kind = type(record).__name__
     if identity.role == ROLE_WORKER:
+        return None
+    if identity.role == ROLE_RUNNER:
+        if not isinstance(record, CheckVerdict):
+            return Reason.FORBIDDEN, f"a check runner sends verdicts, not {kind}"
+        if record.runner_id != identity.name:
+            return Reason.FORBIDDEN, f"the verdict is signed by {identity.name!r} but names {record.runner_id!r}"
+        if not allowed(identity, record.resource):
+            return Reason.FORBIDDEN, f"{identity.name!r} may not check {record.resource!r}"
         return None
     if identity.role == ROLE_ADMIN:
         if not isinstance(record, ADMIN_COMMANDS):

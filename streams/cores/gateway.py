@@ -47,6 +47,7 @@ from arbiter.schemas import Cause, ToolApplied, ToolIntent, ToolRejected
 from arbiter.schemas.reasons import OUT_OF_WINDOW, Reason, what_to_do
 from arbiter.streams.cores.fencing import token_problem
 from arbiter.streams.cores.leases import LeaseBook
+from arbiter.streams.cores.train import Train
 
 Policy = Literal["pessimistic", "optimistic", "both"]
 GENESIS_HASH = "0" * 32
@@ -72,6 +73,12 @@ class GatewayRules:
     hide_tokens: bool = False
     """A refusal names another agent's lease without its token (with signatures on). Rules
     recorded before this existed mean False."""
+    trains: bool = True
+    """A merge on a repository joins its train (``arbiter.streams.cores.train``) and lands once checked.
+    Rules recorded before trains existed mean False: such a merge ran at once, as its intent was decided."""
+    shared_tools: tuple[str, ...] = ("claim", "merge", "sandbox_create", "sandbox_discard")
+    """Tools a shared lease may run (an agent in a repository's train holds a shared lease on it while it
+    waits, so its other repository tools need no exclusive one). Rules recorded before this existed mean ()."""
     forget_window_refusals: bool = True
     """An intent sent outside the id window is refused for that before any other check, and the
     refusal is not remembered. Rules recorded before this existed mean False (it came after
@@ -124,11 +131,13 @@ class ContentState:
     forgotten_sent_ms: int | None = None
     """The latest send time of an intent forgotten early (over ``max_remembered_ids``): no intent
     sent at or before it is decided any more."""
+    train: Train | None = None
+    """A repository's merge trains (``arbiter.streams.cores.train``); None for every other resource."""
 
     def copy(self) -> ContentState:
         """An independent copy (changes and outcomes are immutable and shared)."""
         return ContentState(self.resource, self.version, self.content_hash, list(self.history), dict(self.outcomes),
-                            self.clock_ms, self.forgotten_sent_ms)
+                            self.clock_ms, self.forgotten_sent_ms, None if self.train is None else self.train.copy())
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-friendly snapshot (the table's changelog format)."""
@@ -141,6 +150,7 @@ class ContentState:
             "outcomes": [[type(e).__name__, e.model_dump(mode="json")] for e in self.outcomes.values()],
             "clock_ms": self.clock_ms,
             "forgotten_sent_ms": self.forgotten_sent_ms,
+            **({} if self.train is None else {"train": self.train.to_dict()}),
         }
 
     @classmethod
@@ -159,6 +169,7 @@ class ContentState:
             outcomes=outcomes,
             clock_ms=data.get("clock_ms", 0),
             forgotten_sent_ms=data.get("forgotten_sent_ms"),
+            train=Train.from_dict(data["train"]) if "train" in data else None,
         )
 
 
@@ -314,7 +325,8 @@ def _fencing_problem(book: LeaseBook, intent: ToolIntent, now_ms: int, rules: Ga
     token = intent.token
     assert token is not None
     problem = token_problem(book.holders, book.last_token, intent.agent_id, token, now_ms)
-    if problem is None and rules.require_exclusive and book.holders[token].mode != "exclusive":
+    if (problem is None and rules.require_exclusive and book.holders[token].mode != "exclusive"
+            and intent.tool not in rules.shared_tools):
         return Reason.LEASE_NOT_EXCLUSIVE
     return problem
 

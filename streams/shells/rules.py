@@ -16,7 +16,10 @@ from arbiter.streams.cores.gateway import GatewayRules
 from arbiter.streams.cores.leases import LeaseRules
 from arbiter.streams.cores.waitgraph import VICTIM_POLICIES, VictimPolicy
 
-BEFORE_THEY_EXISTED: dict[str, Any] = {"forget_window_refusals": False}
+BEFORE_THEY_EXISTED: dict[str, dict[str, Any]] = {
+    "leases": {"forget_window_refusals": False},
+    "gateway": {"forget_window_refusals": False, "trains": False, "shared_tools": ()},
+}
 """What a lease or gateway rule that recorded rules do not name means: how decisions were made before
 it existed (a rule whose default is its old behaviour, as ``hide_tokens``'s, needs no entry)."""
 
@@ -71,9 +74,10 @@ class Rules:
             data = json.loads(text)
             # Rules recorded before a rule existed were decided without it: its absence means its old
             # behaviour, whatever its default is now.
-            leases = {**BEFORE_THEY_EXISTED, **data["leases"]}
-            gateway = {**BEFORE_THEY_EXISTED, **data["gateway"]}
+            leases = {**BEFORE_THEY_EXISTED["leases"], **data["leases"]}
+            gateway = {**BEFORE_THEY_EXISTED["gateway"], **data["gateway"]}
             gateway["policies"] = tuple(tuple(pair) for pair in gateway["policies"])
+            gateway["shared_tools"] = tuple(gateway["shared_tools"])
             victim = data.get("victim_policy", "priority")
             if victim not in VICTIM_POLICIES:
                 raise ValueError(f"unknown victim policy {victim!r}")

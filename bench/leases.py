@@ -168,6 +168,12 @@ def through_pipeline(waiters: int, rounds: int = 1_000) -> Callable[[], float]:
         async def read(self, request: Any) -> Any:
             return None
 
+        async def join(self, intent: Any, arguments: Any) -> Any:
+            raise AssertionError("no repositories here")
+
+        async def land(self, resource: str, entry: Any, head: str, verdict: Any) -> Any:
+            raise AssertionError("no repositories here")
+
     async def run_async() -> float:
         tables: dict[str, dict[bytes, Any]] = {"books": {}, "contents": {}, "graphs": {}, "sagas": {}}
         pipeline = Pipeline(Rules(), settings.topics, settings.partitions, tables, _NoTools(), codec, quiet=True)

@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 
 from arbiter.schemas import ToolIntent
-from arbiter.streams.tools.git import Repos, git, intent_ref, register_git_tools
+from arbiter.streams.cores.train import Entry
+from arbiter.streams.tools.git import Repos, git, intent_ref
 from arbiter.streams.tools.registry import ToolRegistry
+from arbiter.streams.tools.repository import register_git_tools
 
 
 def sh(repo: Path, *args: str) -> str:
@@ -43,10 +45,14 @@ def commit(path: Path, name: str, text: str, message: str) -> str:
 
 
 class Tools:
+    """The repository tools as the worker runs them; ``merge`` is a train's join and, at once, its landing
+    (unchecked: the train's order and checks are the core's, tested apart)."""
+
     def __init__(self, repo: Path) -> None:
         self.registry = ToolRegistry()
         register_git_tools(self.registry, Repos({"app": repo}))
         self.count = 0
+        self.entries: dict[str, tuple[Entry, str]] = {}
 
     def __call__(self, agent: str, tool: str, args: dict[str, Any], intent_id: str | None = None,
                  **fields: Any) -> tuple[bool, dict[str, Any]]:
@@ -55,10 +61,27 @@ class Tools:
                             arguments_json=json.dumps(args), token=1, sent_at_ms=0, **fields)
         parsed = self.registry.parse(intent)
         assert not isinstance(parsed, str), parsed
-        outcome = asyncio.run(self.registry.run(intent, parsed))
-        if outcome.ok:
-            return True, json.loads(outcome.result_json)
-        return False, {"error": outcome.error, "reason": outcome.reason, **dict(outcome.details)}
+        if tool != "merge":
+            return _answer(asyncio.run(self.registry.run(intent, parsed)))
+        joined = asyncio.run(self.registry.join(intent, parsed))
+        if not joined.ok:
+            return _answer(joined)
+        pin = json.loads(joined.result_json)
+        entry = Entry(intent.intent_id, agent, 1, pin["commit"], pin["target"], None, 1_700_000_000_000,
+                      intent.arguments_json, 0)
+        self.entries[intent.intent_id] = (entry, pin["head"])
+        return self.land(intent.intent_id)
+
+    def land(self, intent_id: str) -> tuple[bool, dict[str, Any]]:
+        """Land a joined merge (again: a worker killed after it landed, before its offset was committed)."""
+        entry, head = self.entries[intent_id]
+        return _answer(asyncio.run(self.registry.land("repo:app", entry, head, None)))
+
+
+def _answer(outcome: Any) -> tuple[bool, dict[str, Any]]:
+    if outcome.ok:
+        return True, json.loads(outcome.result_json)
+    return False, {"error": outcome.error, "reason": outcome.reason, **dict(outcome.details)}
 
 
 @pytest.fixture
@@ -82,7 +105,7 @@ def test_a_sandbox_per_agent_and_a_clean_merge_moves_main_once(repo: Path) -> No
     assert (repo / "notes.md").read_text() == "hello\n", "the main worktree follows its branch"
     assert sh(repo, "status", "--porcelain") == ""
     # Redelivered (a worker killed after the merge, before its offset was committed): no second merge.
-    ok, replayed = tools("ann", "merge", {"message": "ann: notes"}, intent_id="merge-1")
+    ok, replayed = tools.land("merge-1")
     assert ok and replayed["head"] == merged["head"] and replayed["redelivered"]
     assert sh(repo, "rev-list", "--count", "main") == "3"  # init, the work, one merge commit
     ok, gone = tools("ann", "sandbox_discard", {})
@@ -135,11 +158,6 @@ def test_refusals_say_what_to_do_and_change_nothing(repo: Path, tmp_path: Path) 
     sh(repo, "worktree", "add", "-q", str(tmp_path / "rel"), "release")
     ok, elsewhere = tools("ann", "merge", {"message": "m", "target": "release"})
     assert not ok and "checked out in the worktree" in elsewhere["error"], elsewhere
-    ok, moved = tools("ann", "merge", {"message": "m", "expect_head": "0" * 40})
-    assert not ok and moved["reason"] == "version_conflict" and "moved" in moved["error"], moved
-    ok, unchecked = tools("ann", "merge", {"message": "m", "expect_head": head, "expect_tree": "0" * 40})
-    assert not ok and unchecked["reason"] == "version_conflict" and "not the checked" in unchecked["error"]
-    assert "conflicts" not in unchecked and len(unchecked["tree"]) == 40, unchecked
     assert sh(repo, "rev-parse", "main") == head and sh(repo, "rev-parse", "release") == head
     registry = ToolRegistry()
     register_git_tools(registry, Repos({}))
@@ -147,8 +165,8 @@ def test_refusals_say_what_to_do_and_change_nothing(repo: Path, tmp_path: Path) 
                         arguments_json='{"message": "m"}', token=1, sent_at_ms=0)
     parsed = registry.parse(intent)
     assert not isinstance(parsed, str)
-    outcome = asyncio.run(registry.run(intent, parsed))
-    assert not outcome.ok and "no repository 'nope'" in outcome.error
+    outcome = asyncio.run(registry.join(intent, parsed))
+    assert not outcome.ok and "no repository 'nope'" in outcome.error and outcome.reason == "unknown_repository"
 
 
 def _undo(saga: str) -> dict[str, Any]:

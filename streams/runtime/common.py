@@ -34,10 +34,28 @@ def worker_id(settings: Settings) -> str:
 
 def default_tools(settings: Settings) -> ToolRunner:
     """The ledger's tools against the configured database, and the configured git repositories'."""
+    from arbiter.streams.tools.git import Repos
     from arbiter.streams.tools.ledger import Ledger, worker_tool_registry
 
-    repos = {name: repository.path for name, repository in settings.repositories().items()}
-    return worker_tool_registry(Ledger(settings.ledger_url()), repos, settings.sandbox_root)
+    configured = settings.repositories()
+    repos = Repos({name: r.path for name, r in configured.items()}, settings.sandbox_root,
+                  {name: r.check_digest() if r.check is not None else None for name, r in configured.items()})
+    return worker_tool_registry(Ledger(settings.ledger_url()), repos, merge_failpoint())
+
+
+def merge_failpoint() -> Callable[[str, str], None]:
+    """Fault injection, for tests only. ``ARBITER_FAILPOINT=merge_<step>:<intent id prefix>`` kills this worker
+    and its git (its process group) at that step of a landing (``arbiter.streams.tools.merges.STEPS``)."""
+    kind, _, target = os.environ.get("ARBITER_FAILPOINT", "").partition(":")
+    step = kind.removeprefix("merge_")
+    if not kind.startswith("merge_") or not target:
+        return lambda _step, _intent: None
+
+    def inject(at: str, intent_id: str) -> None:
+        if at == step and intent_id.startswith(target):
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    return inject
 
 
 def failpoint(settings: Settings) -> Callable[[ToolIntent], None]:

@@ -67,6 +67,8 @@ class CheckResult:
     output_bytes: int = 0
     user: str = ""
     """The user the command ran as."""
+    stopped: str = ""
+    """'' (it ended), 'time' or 'output': the limit it was stopped at."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form, as diagnostics carry it."""
@@ -155,7 +157,7 @@ class _Output:
 
 async def _run(argv: list[str], cwd: Path, env: dict[str, str], account: _Account, repository: Repository
                ) -> tuple[int | None, _Output, str]:
-    """(exit code or None when stopped, the output, why it was stopped)."""
+    """(exit code or None when stopped, the output, the limit it was stopped at: '', 'time' or 'output')."""
     extra: dict[str, Any] = {"user": account.uid, "group": account.gid, "extra_groups": []} if account.drop else {}
     proc = await asyncio.create_subprocess_exec(
         *argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -168,7 +170,7 @@ async def _run(argv: list[str], cwd: Path, env: dict[str, str], account: _Accoun
         async with asyncio.timeout(repository.check_timeout_seconds):
             await proc.wait()
     except TimeoutError:
-        stopped = f"(check stopped after {repository.check_timeout_seconds:g} s)"
+        stopped = "time"
     finally:
         _kill(proc.pid)  # the whole session: whatever the check left running goes too
         await proc.wait()
@@ -178,7 +180,7 @@ async def _run(argv: list[str], cwd: Path, env: dict[str, str], account: _Accoun
                 await asyncio.shield(reader)
         reader.cancel()
     if output.over:
-        stopped = f"(check stopped: it printed over {repository.check_output_bytes} bytes)"
+        stopped = "output"
     return (None if stopped else proc.returncode), output, stopped
 
 
@@ -195,9 +197,12 @@ async def run_check(repo: Path, commit: str, repository: Repository, *, check_us
                                            _environment(repository, scratch), account, repository)
     finally:
         await asyncio.shield(asyncio.to_thread(shutil.rmtree, scratch, True))
-    shown = output.tail.decode(errors="replace") + (f"\n{stopped}" if stopped else "")
+    said = {"time": f"(check stopped after {repository.check_timeout_seconds:g} s)",
+            "output": f"(check stopped: it printed over {repository.check_output_bytes} bytes)"}
+    shown = output.tail.decode(errors="replace") + (f"\n{said[stopped]}" if stopped else "")
     return CheckResult(repository.check_text(), code == 0, code, round(time.monotonic() - started, 3), shown,
-                       tree, repository.check_digest(), output.digest.hexdigest(), output.total, account.name)
+                       tree, repository.check_digest(), output.digest.hexdigest(), output.total, account.name,
+                       stopped)
 
 
 def _kill(pid: int) -> None:

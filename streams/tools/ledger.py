@@ -32,6 +32,8 @@ from typing import Annotated, Any, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from arbiter.streams.tools.git import Repos
+from arbiter.streams.tools.merges import Failpoint
 from arbiter.streams.tools.registry import ToolCall, ToolError, ToolRegistry
 
 T = TypeVar("T")
@@ -449,15 +451,16 @@ def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
         return await _once(ledger, call, "commit", apply)
 
 
-def worker_tool_registry(ledger: Ledger | None, repos: dict[str, Path] | None = None,
-                         sandbox_root: str = "") -> ToolRegistry:
+def worker_tool_registry(ledger: Ledger | None, repos: Repos | None = None,
+                         failpoint: Failpoint | None = None) -> ToolRegistry:
     """Every tool a worker runs: the ledger's and the git repositories' (``ledger`` None: bound to no
     database, for replay, whose outcomes come from the log)."""
-    from arbiter.streams.tools.git import Repos, register_git_tools
+    from arbiter.streams.tools.merges import no_failpoint
+    from arbiter.streams.tools.repository import register_git_tools
 
     registry = ToolRegistry()
     register_ledger_tools(registry, cast(Ledger, ledger))
-    register_git_tools(registry, Repos(repos or {}, sandbox_root))
+    register_git_tools(registry, repos or Repos({}), failpoint or no_failpoint)
     return registry
 
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
 from arbiter.schemas import SnapshotRequested, ToolIntent
 from arbiter.schemas.reasons import Reason
 from arbiter.streams.cores.gateway import ToolOutcome
+from arbiter.streams.cores.train import REPLANNED, Entry, Verdict
 
 
 class ToolError(Exception):
@@ -27,6 +29,24 @@ class ToolError(Exception):
         self.conflict = conflict
         self.reason = Reason.VERSION_CONFLICT if conflict else reason or Reason.TOOL_FAILED
         self.details = details
+
+
+class Replan(ToolError):
+    """A landing found the target elsewhere than its train had it (moved outside Arbiter): nothing landed."""
+
+    def __init__(self, message: str, head: str) -> None:
+        super().__init__(message, head=head)
+        self.head = head
+
+
+class TrainTools(Protocol):
+    """What the repository host does for a train (``arbiter.streams.tools.merges``): blocking calls."""
+
+    def join(self, call: ToolCall) -> dict[str, Any]:
+        """A merge's preflight: ``commit``, ``head``, ``target``, ``check_digest``; ``ToolError`` refuses it."""
+
+    def land(self, resource: str, entry: Entry, head: str, verdict: Verdict | None) -> dict[str, Any]:
+        """Land the front entry on ``head``; ``Replan`` when the target is elsewhere, ``ToolError`` refuses it."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +90,8 @@ class ToolRegistry:
     def __init__(self) -> None:
         self._tools: dict[str, Tool] = {}
         self._readers: list[Reader] = []
+        self.trains: TrainTools | None = None
+        """The repository host's train work (None: this registry serves no repository)."""
 
     def reader(self, fn: Reader) -> Reader:
         """Decorator: ``fn(resource)`` reads a resource's content for snapshots that ask for it (None: not
@@ -135,3 +157,30 @@ class ToolRegistry:
         except Exception as exc:  # a tool's bug must not take the partition down; record it
             return ToolOutcome(False, error=f"{type(exc).__name__}: {exc}")
         return ToolOutcome(True, json.dumps(result, sort_keys=True, default=str))
+
+    async def join(self, intent: ToolIntent, arguments: BaseModel) -> ToolOutcome:
+        """A merge's preflight on the repository host (``TrainTools.join``), as an outcome."""
+        call = ToolCall(intent.intent_id, intent.agent_id, intent.resource, intent.token, arguments,
+                        intent.saga_id, intent.is_compensation)
+        return await _outcome(lambda trains: trains.join(call), self.trains)
+
+    async def land(self, resource: str, entry: Entry, head: str, verdict: Verdict | None) -> ToolOutcome:
+        """Land a train's front entry (``TrainTools.land``), as an outcome (``REPLANNED``: the target moved)."""
+        return await _outcome(lambda trains: trains.land(resource, entry, head, verdict), self.trains, landing=True)
+
+
+async def _outcome(work: Callable[[TrainTools], dict[str, Any]], trains: TrainTools | None,
+                   landing: bool = False) -> ToolOutcome:
+    if trains is None:
+        return ToolOutcome(False, error="this worker serves no repository", reason=Reason.UNKNOWN_REPOSITORY.value)
+    phase = (("phase", "land"),) if landing else ()
+    try:
+        result = await asyncio.to_thread(work, trains)
+    except Replan as exc:
+        return ToolOutcome(False, error=str(exc), reason=REPLANNED, details=(("head", exc.head), *phase))
+    except ToolError as exc:
+        return ToolOutcome(False, error=str(exc), reason=exc.reason.value,
+                           details=tuple(sorted((*exc.details.items(), *phase))))
+    except Exception as exc:  # a bug must not take the partition down; record it
+        return ToolOutcome(False, error=f"{type(exc).__name__}: {exc}", details=phase)
+    return ToolOutcome(True, json.dumps(result, sort_keys=True, default=str))

@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from arbiter.schemas import (
     Cause,
+    CheckVerdict,
     ContractError,
     Holder,
     LockTick,
@@ -62,8 +63,10 @@ from arbiter.streams.cores.leases import (
     new_book,
     step,
 )
+from arbiter.streams.cores.train import Entry, Verdict
 from arbiter.streams.shells.routes import Routes, Send
 from arbiter.streams.shells.tables import InputScope
+from arbiter.streams.shells.trains import TrainShell, is_train_intent
 
 
 class ToolRunner(Protocol):
@@ -80,6 +83,12 @@ class ToolRunner(Protocol):
 
     async def read(self, request: SnapshotRequested) -> str | None:
         """The resource's content as JSON, as its tools keep it; None when they keep none."""
+
+    async def join(self, intent: ToolIntent, arguments: Any) -> ToolOutcome:
+        """A merge's preflight on the repository host (``TrainTools``)."""
+
+    async def land(self, resource: str, entry: Entry, head: str, verdict: Verdict | None) -> ToolOutcome:
+        """Land a train's front entry (``TrainTools``)."""
 
 
 @dataclass
@@ -108,11 +117,21 @@ class ResourceShell:
     _deadlines: dict[int, list[tuple[int, bytes]]] = field(default_factory=dict)
     _indexed_generation: int | None = None
 
+    def __post_init__(self) -> None:
+        self.trains = TrainShell(self.books, self.contents, self.gate_rules, self.tools, self.routes, self.send,
+                                 self.after_tool)
+
     async def handle(self, key: bytes | None, command: Record, now_ms: int, cause: Cause,
                      sender: Verified | None = None) -> ContractError | None:
         """Decide one message of the resource-command topic; an error says why it must be dead-lettered."""
         if isinstance(command, LockTick):
             await self.tick(command, now_ms, cause)
+            return None
+        if isinstance(command, CheckVerdict):
+            if key is None or key != command.resource.encode():
+                return ContractError(Reason.KEY_MISMATCH, f"message key {key!r} is not the resource "
+                                                          f"{command.resource!r}")
+            await self.trains.checked(key, command, now_ms, cause)
             return None
         if isinstance(command, Ping):
             await self.send(self.routes.agent_inbox, command.agent_id.encode(), Pong(
@@ -148,10 +167,16 @@ class ResourceShell:
             # leaves no book behind.
             self.books[key] = book
             self._remember_deadline(cause.partition, key, book)
+        if events and key.startswith(b"repo:"):
+            await self.trains.settle(key, now_ms, cause)  # a merge whose lease is gone leaves its train
         return events
 
-    async def execute(self, key: bytes, intent: ToolIntent, now_ms: int, cause: Cause) -> GatewayEvent:
-        """Gate an intent; run its tool when accepted; record and publish the outcome."""
+    async def execute(self, key: bytes, intent: ToolIntent, now_ms: int, cause: Cause) -> GatewayEvent | None:
+        """Gate an intent; run its tool when accepted; record and publish the outcome (a merge: it joins its
+        repository's train, which answers it when it lands or leaves)."""
+        if is_train_intent(intent, self.gate_rules):
+            await self.trains.join(key, intent, now_ms, cause)
+            return None
         resource = key.decode("utf-8", errors="replace")
         book = self.books.get(key) or new_book(resource)
         stored = self.contents.get(key)
@@ -218,6 +243,8 @@ class ResourceShell:
             await self._publish(key, events)
             self.books[key] = book
             self._remember_deadline(cause.partition, key, book)
+            if key.startswith(b"repo:"):
+                await self.trains.settle(key, now_ms, cause)
             touched += 1
         return touched
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import statistics
 import sys
 from collections.abc import Callable
@@ -40,7 +41,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def main(ctx: click.Context, bootstrap: str | None, kafka_port: int | None, home: Path | None) -> None:
     """Arbiter: concurrency control for fleets of AI agents, on Apache Kafka."""
     ctx.obj = {"bootstrap": bootstrap, "kafka_port": kafka_port, "home": home}
-    if ctx.invoked_subcommand not in ("worker", "serve"):
+    if ctx.invoked_subcommand not in ("worker", "serve", "runner"):
         quiet_kafka_logs()
 
 
@@ -225,6 +226,34 @@ def worker(ctx: click.Context, loglevel: str) -> None:
     from arbiter.streams.runtime.worker import run_worker
 
     run_worker(settings, loglevel)
+
+
+@main.command()
+@click.option("--name", default="runner", show_default=True, help="Its identity (role runner): it signs verdicts.")
+@click.option("--depth", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="How many merges of a train it checks at once, each on top of the ones ahead.")
+@click.option("--loglevel", default="info", show_default=True)
+@click.pass_context
+def runner(ctx: click.Context, name: str, depth: int, loglevel: str) -> None:
+    """Run a check runner: it checks every configured repository's merge train (repos.toml's checks) and
+    signs each verdict. It needs the repositories' disk (read-only) and runs checks as ARBITER_CHECK_USER."""
+    import logging
+
+    from arbiter.runner import serve
+
+    settings = settings_of(ctx)
+    if not broker_answers(settings.bootstrap, options=kafka_client_options(settings)):
+        unreachable(settings.bootstrap)
+    logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stop = asyncio.Event()
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await serve(settings, name, depth, stop)
+
+    asyncio.run(run())
 
 
 @main.command()

@@ -141,6 +141,40 @@ def free_port() -> int:
 
 
 @dataclass
+class RunnerProcess:
+    """One ``arbiter runner`` child process (the check runner), logging to a file."""
+
+    settings: Settings
+    name: str = "runner"
+    depth: int = 4
+    extra_env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+
+    def start(self) -> RunnerProcess:
+        """Start it (it reads the log from the start: it is ready when it has caught up)."""
+        logs = (self.settings.home / "logs").resolve()
+        logs.mkdir(parents=True, exist_ok=True)
+        self.log = logs / f"runner-{self.name}.log"
+        env = {**settings_env(self.settings), **self.extra_env}
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "arbiter", "runner", "--name", self.name, "--depth", str(self.depth)],
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        return self
+
+    def stop(self, timeout: float = 20.0) -> int:
+        """SIGTERM (its checks are stopped with it), then SIGKILL after ``timeout``."""
+        return _terminate(self.proc, timeout) if self.proc is not None else 0
+
+    def kill(self) -> None:
+        """SIGKILL: a crash."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@dataclass
 class DoorProcess:
     """One ``arbiter serve`` child process (the front door) on a loopback port, logging to a file."""
 

@@ -14,7 +14,7 @@ import click
 
 from arbiter.demo.view import LiveState, Screen, follow, progress_line
 from arbiter.edge.settings import Settings, Topics
-from arbiter.processes import WorkerPool
+from arbiter.processes import RunnerProcess, WorkerPool
 from arbiter.schemas.partitioning import key_for_partition
 
 # -- the runs ------------------------------------------------------------------------------
@@ -77,7 +77,11 @@ async def coding_story(settings: Settings) -> Any:
     from arbiter.demo.coding import make_repo, safe_story
 
     make_repo(settings.repositories()["demo"].path)
-    return await safe_story(settings, lambda name: _enroll(settings, name, ["repo:"]))
+    runner = RunnerProcess(settings, name="demo-checks", depth=2).start()  # the check runner an operator runs
+    try:
+        return await safe_story(settings, lambda name: _enroll(settings, name, ["repo:"]))
+    finally:
+        await asyncio.to_thread(runner.stop)
 
 
 async def _enroll_all(settings: Settings, agents: dict[str, list[str]], door: bool) -> dict[str, Settings]:

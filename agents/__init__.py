@@ -19,20 +19,16 @@ from arbiter.agents.leases import Lease
 from arbiter.agents.outcomes import Outcome, Snapshot
 from arbiter.agents.sagas import Saga
 from arbiter.agents.sandbox import Sandbox
-from arbiter.agents.train import MergeTrain, TrainStats
-from arbiter.streams.tools.checks import CheckResult
 
 __all__ = [
     "ArbiterClient",
     "ArbiterError",
     "ArbiterTimeout",
     "ArbiterUnavailable",
-    "CheckResult",
     "DoorRefused",
     "Lease",
     "LeaseDenied",
     "LeaseLost",
-    "MergeTrain",
     "Outcome",
     "PingResult",
     "Saga",
@@ -41,5 +37,4 @@ __all__ = [
     "Sandbox",
     "SandboxRefused",
     "Snapshot",
-    "TrainStats",
 ]

@@ -42,7 +42,7 @@ def _repo(ctx: click.Context, given: str) -> tuple[str, Path]:
 def _own_box(ctx: click.Context, client: Any, name: str, path: Path, agent: str, target: str = "main") -> Any:
     """AGENT's sandbox of the repository, as this machine has it (None: it has none), with the repository's
     configuration and the commit the sandbox's work started from (where it meets the target)."""
-    from arbiter.agents.sandbox import Sandbox, repository_config
+    from arbiter.agents.sandbox import Sandbox
     from arbiter.streams.tools.git import Repos, branch_of, git
 
     settings = settings_of(ctx)
@@ -51,9 +51,7 @@ def _own_box(ctx: click.Context, client: Any, name: str, path: Path, agent: str,
         return None
     base = git(Path(mine["path"]), "merge-base", f"refs/heads/{target}", f"refs/heads/{branch_of(agent)}",
                check=False).stdout.strip()
-    config, user = repository_config(settings, name)
-    return Sandbox(client, f"repo:{name}", Path(mine["path"]), branch_of(agent), base, target=target,
-                   config=config, check_user=user)
+    return Sandbox(client, f"repo:{name}", Path(mine["path"]), branch_of(agent), base, target=target)
 
 
 def _no_sandbox(name: str, agent: str) -> None:

@@ -5,9 +5,9 @@ from arbiter import agents
 
 def test_public_surface() -> None:
     assert sorted(agents.__all__) == [
-        "ArbiterClient", "ArbiterError", "ArbiterTimeout", "ArbiterUnavailable", "CheckResult", "DoorRefused",
-        "Lease", "LeaseDenied", "LeaseLost", "MergeTrain", "Outcome", "PingResult", "Saga", "SagaAborted",
-        "SagaStepRejected", "Sandbox", "SandboxRefused", "Snapshot", "TrainStats",
+        "ArbiterClient", "ArbiterError", "ArbiterTimeout", "ArbiterUnavailable", "DoorRefused",
+        "Lease", "LeaseDenied", "LeaseLost", "Outcome", "PingResult", "Saga", "SagaAborted",
+        "SagaStepRejected", "Sandbox", "SandboxRefused", "Snapshot",
     ]
     for name in agents.__all__:
         assert getattr(agents, name).__doc__, f"{name} needs a docstring"

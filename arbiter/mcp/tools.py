@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, Field
 
 from arbiter.agents import ArbiterClient, ArbiterError, Lease, LeaseDenied, Outcome, Sandbox, SandboxRefused
-from arbiter.agents.sandbox import open_sandbox, repository_config
+from arbiter.agents.sandbox import open_sandbox
 from arbiter.schemas import DeadlockDetected, LockExpired, LockRevoked, Record
 from arbiter.schemas.reasons import is_retriable, what_to_do
 from arbiter.streams.tools.git import Repos, branch_of, read_claims
@@ -478,9 +478,8 @@ class AgentTools:
             return {"reason": "no_sandbox", "detail": f"{self.agent} has no sandbox of repo:{name}",
                     "what_to_do": "Call sandbox_create first."}
         base = await asyncio.to_thread(_merge_base, Path(mine["path"]), "main", branch_of(self.agent))
-        config, user = repository_config(self.client.settings, name)
         box = self.sandboxes[name] = Sandbox(self.client, f"repo:{name}", Path(mine["path"]), branch_of(self.agent),
-                                             base, config=config, check_user=user)
+                                             base)
         return box
 
     async def sandbox_create(self, repository: str, base: str = "main") -> SandboxAnswer:

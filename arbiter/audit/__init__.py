@@ -45,6 +45,7 @@ from .checks import (
     check_cycles,
     check_determinism,
     check_leases_and_writes,
+    check_merges,
     check_outcomes,
     check_sagas,
     count_denials,
@@ -134,6 +135,7 @@ def _check(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]
     stats |= check_leases_and_writes(log, settings, findings)
     stats |= count_denials(log, settings, findings)
     stats |= check_outcomes(log, settings, findings)
+    stats |= check_merges(log, settings, findings)
     stats |= check_sagas(log, settings, findings)
     stats |= check_cycles(log, settings, findings)
     return findings, stats, human_actions

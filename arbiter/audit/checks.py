@@ -35,6 +35,7 @@ from typing import Any
 
 from arbiter.edge.settings import Settings
 from arbiter.schemas import (
+    CheckVerdict,
     CompensationRequested,
     ContractError,
     DeadLetter,
@@ -50,6 +51,7 @@ from arbiter.schemas import (
     LockRevoked,
     LockRevokeRequested,
     LockWaitTimedOut,
+    MergeQueued,
     Record,
     SagaFinished,
     SagaStep,
@@ -76,6 +78,7 @@ CHECKS: dict[str, str] = {
     "sagas_finished": "every saga ended COMPLETED or COMPENSATED",
     "cycles_resolved": "every wait-for cycle was resolved by a detection",
     "one_outcome": "every command got exactly one final outcome",
+    "checked_merges": "every merge landed on a runner's passing verdict of exactly what landed",
     "authenticated": "every message is signed by an identity allowed to write it, or was refused or ignored",
 }
 
@@ -351,13 +354,15 @@ def _check_write(log: Log, entry: Entry, event: ToolApplied, leases: dict[str, d
     if event.token is not None:
         lease = leases[r].get(event.token)
         top = high.get(r)
-        if top is not None and event.token < top[0]:
+        dead = lease is not None and (lease.ended or lease.expires_at_ms <= now)
+        if top is not None and event.token < top[0] and (lease is None or dead):
+            # (a live lease below the newest may write: a shared holder's, beside newer shared holders)
             findings.add("fenced_writes", f"write by {event.agent_id} accepted with stale token {event.token} "
                          f"(token {top[0]} was already granted)", [entry, top[1]], resource=r, at_ms=now)
         elif lease is None:
             findings.add("fenced_writes", f"write by {event.agent_id} accepted with token {event.token}, which "
                          f"was never granted on {r}", [entry], resource=r, at_ms=now)
-        elif lease.ended or lease.expires_at_ms <= now:
+        elif dead:
             findings.add("fenced_writes", f"write by {event.agent_id} accepted with token {event.token} after "
                          "that lease " + ("ended" if lease.ended else "expired"), [entry, lease.entry],
                          resource=r, at_ms=now)
@@ -452,6 +457,8 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
     finals: dict[tuple[str, str, str], set[tuple[str, str]]] = defaultdict(set)
     final_at: dict[tuple[str, str, str], Entry] = {}
     queued: set[tuple[str, str, str]] = set()
+    trained: set[tuple[str, str]] = set()
+    """Merges that joined their train (an answer comes when they land or leave)."""
     outcomes: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)  # (resource, intent id): its scope
     outcome_at: dict[tuple[str, str], Entry] = {}
     copies_refused: set[tuple[str, ...]] = set()  # ids some copy of which was refused for its send time
@@ -468,6 +475,8 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
             final_at.setdefault((e.resource, e.request_id, e.agent_id), entry)
         elif isinstance(e, LockQueued):
             queued.add((e.resource, e.request_id, e.agent_id))
+        elif isinstance(e, MergeQueued):
+            trained.add((e.resource, e.intent_id))
         elif isinstance(e, ToolApplied | ToolRejected):
             outcomes[e.resource, e.intent_id].add(identity(e))
             outcome_at.setdefault((e.resource, e.intent_id), entry)
@@ -511,9 +520,68 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
                              [entry, outcome_at[scoped]], resource=c.resource)
             elif not answers and scoped not in copies_refused:
                 processed = entry.offset <= last_processed.get(entry.partition, -1)
-                findings.add("one_outcome", f"intent {c.intent_id} of {c.agent_id} got no outcome", [entry],
-                             open_=not processed, resource=c.resource)
+                waits = scoped in trained
+                findings.add("one_outcome", f"intent {c.intent_id} of {c.agent_id} "
+                             + ("still waits in its merge train" if waits else "got no outcome"), [entry],
+                             open_=waits or not processed, resource=c.resource)
     return stats
+
+
+def check_merges(log: Log, settings: Settings, findings: Findings) -> dict[str, int]:
+    """Every merge that landed on a repository with a check landed on a runner's passing verdict of exactly
+    what landed: that merge, its commit and tree, on the head it landed on, under the check it joined with."""
+    topics = settings.topics
+    refused = refused_positions(log, settings)
+    verdicts: dict[str, tuple[Entry, CheckVerdict]] = {}
+    for entry in log.of(topics.resource_commands):
+        if isinstance(entry.record, CheckVerdict) and (entry.topic, entry.partition, entry.offset) not in refused \
+                and entry.where not in findings.intrusions:
+            verdicts.setdefault(entry.record.verdict_id, (entry, entry.record))
+    joined: dict[tuple[str, str], MergeQueued] = {}
+    stats = {"merges_landed": 0, "merges_checked": 0}
+    seen: set[tuple[str, str]] = set()
+    for entry in log.of(topics.resource_events):
+        e = entry.record
+        if findings.excluded(entry):
+            continue
+        if isinstance(e, MergeQueued):
+            joined.setdefault((e.resource, e.intent_id), e)
+        if not isinstance(e, ToolApplied) or e.tool != "merge" or (e.resource, e.intent_id) not in joined:
+            continue
+        if (e.resource, e.intent_id) in seen:
+            continue  # a redelivered copy
+        seen.add((e.resource, e.intent_id))
+        stats["merges_landed"] += 1
+        queued = joined[e.resource, e.intent_id]
+        if queued.check_digest is None:
+            continue  # the repository had no check when it joined: it lands unchecked, as configured
+        result = json.loads(e.result_json)
+        found = verdicts.get(str(result.get("verdict")))
+        verdict = found[1] if found is not None else None
+        problem = _verdict_problem(verdict, e, queued, result)
+        if problem is None:
+            stats["merges_checked"] += 1
+            continue
+        findings.add("checked_merges", f"merge {e.intent_id} of {e.agent_id} landed {problem}",
+                     [entry] + ([found[0]] if found is not None else []), resource=e.resource, at_ms=e.decided_at_ms)
+    return stats
+
+
+def _verdict_problem(verdict: CheckVerdict | None, landed: ToolApplied, queued: MergeQueued,
+                     result: dict[str, Any]) -> str | None:
+    if verdict is None:
+        return "with no runner's verdict in the log"
+    if verdict.intent_id != landed.intent_id or verdict.resource != landed.resource:
+        return f"on a verdict of another merge ({verdict.intent_id})"
+    if not verdict.passed:
+        return "on a failing verdict"
+    if verdict.check_digest != queued.check_digest:
+        return f"on a verdict of another check ({verdict.check_digest}, not {queued.check_digest})"
+    if (verdict.commit, verdict.tree, verdict.base) != (result.get("head"), result.get("tree"),
+                                                      result.get("previous")):
+        return (f"as {str(result.get('head'))[:12]} on {str(result.get('previous'))[:12]}, and the verdict checked "
+                f"{verdict.commit[:12]} on {verdict.base[:12]}")
+    return None
 
 
 def _last_processed(log: Log, settings: Settings) -> dict[int, int]:

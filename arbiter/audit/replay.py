@@ -42,6 +42,8 @@ from arbiter.schemas import (
     LockRequested,
     LockRevokeRequested,
     LockTick,
+    MergeQueued,
+    MergeReplanned,
     Record,
     ResourceSnapshot,
     SagaStep,
@@ -59,6 +61,8 @@ from arbiter.schemas.roles import ROLE_WORKER
 from arbiter.streams.cores.gateway import RESERVED_KEYS, ContentState, ToolOutcome
 from arbiter.streams.cores.leases import LeaseBook
 from arbiter.streams.cores.saga import COMPENSATED, COMPLETED, Saga
+from arbiter.streams.cores.train import REPLANNED, Verdict
+from arbiter.streams.cores.train import Entry as TrainEntry
 from arbiter.streams.cores.waitgraph import VictimPolicy
 from arbiter.streams.shells import Routes, Rules
 from arbiter.streams.shells.pipeline import Pipeline, RawInput, input_topics
@@ -79,6 +83,38 @@ def _recorded_outcome(record: ToolApplied | ToolRejected) -> ToolOutcome | None:
         return None  # the gate's own refusal: re-derived, not recorded
     details = tuple(sorted((k, v) for k, v in diagnostic.items() if k not in RESERVED_KEYS))
     return ToolOutcome(False, error=str(diagnostic.get("error", "")), reason=record.reason, details=details)
+
+
+def _train_outcomes(log: Log, signed: Callable[[Entry], bool]
+                    ) -> tuple[dict[tuple[str, str], ToolOutcome], dict[tuple[str, str], list[ToolOutcome]]]:
+    """Each merge's preflight outcome, and its landing attempts' outcomes in order, as the worker recorded them.
+
+    A merge's first record is its preflight's (``MergeQueued``: it joined; a refusal the tool gave: it did not);
+    after it, a landing is a ``MergeReplanned``, the ``ToolApplied``, or a refusal marked ``phase: land``."""
+    joins: dict[tuple[str, str], ToolOutcome] = {}
+    landings: dict[tuple[str, str], list[ToolOutcome]] = {}
+    for entry in log.of(log.topics.resource_events):
+        record = entry.record
+        if not isinstance(record, MergeQueued | MergeReplanned | ToolApplied | ToolRejected) or not signed(entry):
+            continue
+        if isinstance(record, ToolApplied | ToolRejected) and record.tool != "merge":
+            continue
+        key = record.resource, record.intent_id
+        if isinstance(record, MergeQueued):
+            joins.setdefault(key, ToolOutcome(True, json.dumps({
+                "commit": record.commit, "head": record.head, "target": record.target,
+                "check_digest": record.check_digest})))
+        elif key not in joins:
+            if isinstance(record, ToolRejected) and (outcome := _recorded_outcome(record)) is not None:
+                joins[key] = outcome
+        elif isinstance(record, MergeReplanned):
+            landings.setdefault(key, []).append(ToolOutcome(False, error=record.reason, reason=REPLANNED,
+                                                            details=(("head", record.head),)))
+        elif isinstance(record, ToolApplied) or json.loads(record.diagnostic_json).get("phase") == "land":
+            outcome = _recorded_outcome(record)
+            if outcome is not None:
+                landings.setdefault(key, []).append(outcome)
+    return joins, landings
 
 
 def worker_signed(log: Log, settings: Settings) -> Callable[[Entry], bool]:
@@ -129,6 +165,7 @@ class RecordedTools:
             outcome = _recorded_outcome(record)
             if outcome is not None and signed(entry):
                 self._outcomes[record.resource, record.intent_id] = outcome
+        self._joins, self._landings = _train_outcomes(log, signed)
         self._contents: dict[tuple[str, str], str | None] = {}
         for entry in log.of(log.topics.agent_inbox):
             record = entry.record
@@ -151,6 +188,25 @@ class RecordedTools:
             return recorded
         if self.simulated:
             return ToolOutcome(True, json.dumps({"simulated": True}))
+        return ToolOutcome(False, error="no outcome recorded in the log")
+
+    async def join(self, intent: ToolIntent, arguments: Any) -> ToolOutcome:
+        """A merge's preflight, as the log recorded it (its ``MergeQueued``, or its refusal)."""
+        recorded = self._joins.get((intent.resource, intent.intent_id))
+        if recorded is not None:
+            return recorded
+        if self.simulated:
+            return ToolOutcome(True, json.dumps({"commit": "0" * 40, "head": "0" * 40, "target": "main",
+                                                 "check_digest": None}))
+        return ToolOutcome(False, error="no outcome recorded in the log")
+
+    async def land(self, resource: str, entry: TrainEntry, head: str, verdict: Verdict | None) -> ToolOutcome:
+        """A landing, as the log recorded it: each attempt's outcome in turn (replanned, landed, refused)."""
+        recorded = self._landings.get((resource, entry.intent_id))
+        if recorded:
+            return recorded.pop(0)
+        if self.simulated:
+            return ToolOutcome(True, json.dumps({"head": "0" * 40, "simulated": True}))
         return ToolOutcome(False, error="no outcome recorded in the log")
 
     async def read(self, request: SnapshotRequested) -> str | None:

@@ -18,7 +18,7 @@ import pytest
 from arbiter.agents import ArbiterClient
 from arbiter.agents.identities import Registrar
 from arbiter.edge.settings import Settings
-from arbiter.processes import DoorProcess, WorkerPool, settings_env
+from arbiter.processes import DoorProcess, RunnerProcess, WorkerPool, settings_env
 from arbiter.streams.runtime.topics import ensure_topics
 
 from .conftest import assert_clean_audit, isolated_settings
@@ -53,9 +53,11 @@ async def stack(bootstrap: str, tmp_path: Path, shared: Path) -> AsyncIterator[S
     from .test_gateway_kafka import start_worker
 
     await start_worker(settings, pool)
+    runner = RunnerProcess(settings).start()
     try:
         yield Stack(settings, repo, marker, ran)
     finally:
+        runner.stop()
         pool.stop()
 
 
@@ -98,8 +100,7 @@ async def test_mcp_over_stdio_refuses_a_check_argument(stack: Stack) -> None:
 async def test_the_front_door_runs_no_command_an_agent_sends(stack: Stack) -> None:
     """The finding: through the door's /mcp an agent's check ran as the door's user with the door's whole
     environment. Now /mcp refuses the argument, and the HTTP API's merge intent carries no command anyone
-    runs (the tool records its ``check`` field as text; that an intent sent by hand skips the check is what
-    a runner-signed verdict closes, not a command run)."""
+    runs: the merge waits in its train for the runner's verdict of the repository's own check."""
     settings = stack.settings
     registrar = Registrar(settings)
     await registrar.add("cy", allow=["repo:"])
@@ -127,10 +128,10 @@ async def test_the_front_door_runs_no_command_an_agent_sends(stack: Stack) -> No
         executed = await asyncio.to_thread(post, "/v1/execute", {
             "resource": "repo:app", "tool": "merge", "token": lease["token"],
             "args": {"message": "cy", "check": stack.attack("door-http")}})
-        assert executed.status_code == 200, executed.text  # its "check" is a label the log keeps, never run
-        assert json.loads(executed.text)["result"]["checked"] == stack.attack("door-http")
+        assert executed.status_code == 200, executed.text  # its "check" is never run: the repository's is
+        assert json.loads(executed.text)["result"]["checked"] == f"echo $(date +%s%N) >> {stack.ran}"
         await asyncio.to_thread(post, "/v1/leases/release", {"resource": "repo:app", "token": lease["token"]})
     finally:
         await asyncio.to_thread(door.stop)
     stack.no_marker()
-    assert _checks_run(stack) == 0
+    assert _checks_run(stack) == 1, "the runner ran the repository's check, for the one merge that landed"

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -110,6 +111,35 @@ class Cli:
                               **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}))
         return Ran(args, proc.returncode, proc.stdout, proc.stderr, time.monotonic() - started)
 
+    def session(self, *args: str, requests: list[dict[str, Any]], timeout: float = 60) -> Ran:
+        """Run a JSON-RPC server over stdio: send ``requests``, keep its input open until every request
+        with an id has its answer (or ``timeout``), then close it and wait for the exit."""
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "arbiter", *args], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
+                                cwd=self.folder)
+        assert proc.stdin is not None and proc.stdout is not None
+        waiting = {r["id"] for r in requests if "id" in r}
+        lines: list[str] = []
+        timer = threading.Timer(timeout, proc.kill)
+        timer.start()
+        try:
+            proc.stdin.write("".join(json.dumps(r) + "\n" for r in requests))
+            proc.stdin.flush()
+            while waiting and (line := proc.stdout.readline()):
+                lines.append(line)
+                waiting.discard(json.loads(line).get("id"))
+            proc.stdin.close()
+            out = "".join(lines) + proc.stdout.read()
+            err = proc.stderr.read() if proc.stderr else ""
+            code = proc.wait()
+        finally:
+            timer.cancel()
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return Ran(args, code, out, err, time.monotonic() - started)
+
 
 def _http(url: str, method: str = "GET", body: Any = None, key: str | None = None,
           timeout: float = 30) -> tuple[int, dict[str, Any], dict[str, str], float]:
@@ -187,19 +217,29 @@ OTHER_VERBS: list[tuple[str, ...]] = [
     ("ping", "--count", "1"), ("saga", "abort", SAGA, "--reason", "outage"), ("topics", "create"),
     ("topics", "list"), ("topics", "delete", "tzz-none."), ("worker",), ("serve", "--port", "0"),
     ("demo", "--workers", "1"), ("chaos", "calm", "--duration", "5"), ("sandbox", "gc", "--repo", "app"),
-    ("sandbox", "hook", "--agent", "alice", "--repo", "app"), ("mcp", "--agent", "alice"),
-    ("top", "--once"), ("console", "--port", "0"),
+    ("sandbox", "hook", "--agent", "alice", "--repo", "app"), ("hook", "serve", "--agent", "alice"),
+    ("top", "--once"), ("console", "--port", "0"), ("runner", "--name", "alice"),
 ]
 """Every other verb that needs Kafka. Not here: ``kafka up``/``down``/``reset`` (they act on the local
 broker itself; ``tests/test_localkafka.py``), ``kafka status`` (below)."""
 NO_KAFKA_VERBS: list[tuple[str, ...]] = [
     ("ledger", "open", "out-2", "--balance", "5"), ("ledger", "show"), ("ledger", "tools"),
     ("sandbox", "list", "--repo", "app"), ("sandbox", "claims", "--repo", "app"),
+    ("sandbox", "rebase", "--repo", "app", "--agent", "alice"),
 ]
 """Verbs that never talk to Kafka (the ledger's database, the repository): they work through an outage."""
 HOOK_VERBS: list[tuple[str, ...]] = [("hook", "pre-tool-use", "--agent", "alice", "--timeout", "5")]
 """Coding agents' hooks: Kafka unreachable, they block the call (exit 2, the reason on stderr), since the
 agents read any other failure as "go ahead"."""
+MCP_VERBS: list[tuple[str, ...]] = [("mcp", "--agent", "alice")]
+"""The MCP server answers the protocol at once (an agent's launch does not wait on Kafka), and a tool call
+in an outage with a tool error that says so; the session then ends with its input."""
+MCP_REQUESTS: list[dict[str, Any]] = [
+    {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "outage", "version": "1"}}},
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "acquire_lease",
+                                                                   "arguments": {"resource": "out:2"}}}]
 
 
 def _every_verb() -> set[tuple[str, ...]]:
@@ -222,7 +262,8 @@ def _every_verb() -> set[tuple[str, ...]]:
 def test_the_verb_lists_name_every_cli_verb() -> None:
     """A new CLI verb must be added to the outage test's lists."""
     groups = ("lock", "agents", "topics", "log", "saga", "sandbox", "ledger", "hook")
-    named = {v[:2] if v[0] in groups else v[:1] for v in LOCK_VERBS + OTHER_VERBS + NO_KAFKA_VERBS + HOOK_VERBS}
+    verbs = LOCK_VERBS + OTHER_VERBS + NO_KAFKA_VERBS + HOOK_VERBS + MCP_VERBS
+    named = {v[:2] if v[0] in groups else v[:1] for v in verbs}
     assert _every_verb() == named | {("kafka", "up"), ("kafka", "down"), ("kafka", "reset"), ("kafka", "status")}
 
 
@@ -301,6 +342,13 @@ async def test_a_thirty_second_outage_is_quiet_bounded_and_clear(tmp_path: Path)
             ran = await asyncio.to_thread(lambda a=args: cli(*a, stdin=edit))
             _clean(ran)
             assert ran.code == 2 and "cannot reach Arbiter" in ran.err and not ran.out, (args, ran.code, ran.err)
+        for args in MCP_VERBS:
+            ran = await asyncio.to_thread(lambda a=args: cli.session(*a, requests=MCP_REQUESTS))
+            _clean(ran)
+            answers = {m["id"]: m for m in map(json.loads, ran.out.splitlines())}
+            assert ran.code == 0 and "capabilities" in answers[1]["result"], (args, ran.code, ran.out, ran.err[-2000:])
+            told = answers[2].get("result", answers[2])
+            assert told.get("isError") and "unavailable" in told["content"][0]["text"], (args, told)
 
         await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))  # the outage lasts 30 s
         worker_lines = _lines(worker_log) - before[0]

@@ -25,6 +25,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ import pytest
 
 from arbiter.agents import ArbiterClient
 from arbiter.edge.settings import Settings
-from arbiter.processes import DoorProcess, settings_env
+from arbiter.processes import DoorProcess, RunnerProcess, settings_env
 
 pytestmark = pytest.mark.kafka
 
@@ -69,9 +70,10 @@ def kafka_settings(bootstrap: str, tmp_path: Path) -> Settings:
 
     from .conftest import isolated_settings
 
-    # As the operator's repos.toml says it before the worker starts; the README's block writes it again, with
-    # the repository's check.
-    (tmp_path / "repos.toml").write_text(f'[repos.app]\npath = "{tmp_path / "reader" / "app"}"\n')
+    # As the operator's repos.toml says it before the worker and the check runner start; the README's block
+    # writes it again.
+    (tmp_path / "repos.toml").write_text(f'[repos.app]\npath = "{tmp_path / "reader" / "app"}"\n'
+                                         'check = "python3 -m compileall -q ."\n')
     settings = isolated_settings(bootstrap, tmp_path)
     asyncio.run(ensure_topics(settings))
     return settings
@@ -116,7 +118,18 @@ def test_every_example_says_whether_it_runs_here_or_which_test_runs_it() -> None
     assert sum(1 for b in examples() if b.note == "<!-- example: run -->") >= 8
 
 
-async def test_the_readme_runs_as_written(kafka_settings: Settings, door: DoorProcess, tmp_path: Path) -> None:
+@pytest.fixture
+def runner(kafka_settings: Settings) -> Iterator[RunnerProcess]:
+    """The check runner the README's merges wait for, as an operator runs one beside the worker."""
+    process = RunnerProcess(kafka_settings).start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+async def test_the_readme_runs_as_written(kafka_settings: Settings, door: DoorProcess, runner: RunnerProcess,
+                                          tmp_path: Path) -> None:
     settings = kafka_settings
     env = {**settings_env(settings), "ARBITER_AUTO_ENROLL": "false",
            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}

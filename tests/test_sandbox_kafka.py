@@ -4,20 +4,17 @@ repository's lease order, on real repositories made by the tests; the audit pass
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from arbiter.agents import ArbiterClient, MergeTrain, SandboxRefused
+from arbiter.agents import ArbiterClient, SandboxRefused
 from arbiter.edge.settings import Settings
-from arbiter.processes import WorkerPool
+from arbiter.processes import RunnerProcess, WorkerPool
 from arbiter.streams.runtime.topics import ensure_topics
 
 from .conftest import assert_clean_audit, isolated_settings
@@ -52,12 +49,16 @@ async def _stack(bootstrap: str, tmp_path: Path, env: dict[str, str] | None = No
 @pytest.fixture
 async def stack(bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest
                 ) -> AsyncIterator[tuple[Settings, Path]]:
-    """A worker serving ``app``; a test marked ``repository_check(command)`` configures that check."""
+    """A worker serving ``app``; a test marked ``repository_check(command)`` configures that check, and a
+    check runner runs it."""
     marker = request.node.get_closest_marker("repository_check")
     settings, pool, repo = await _stack(bootstrap, tmp_path, check=marker.args[0] if marker else None)
+    runner = RunnerProcess(settings).start() if marker else None
     try:
         yield settings, repo
     finally:
+        if runner is not None:
+            runner.stop()
         pool.stop()
 
 
@@ -159,33 +160,6 @@ async def test_a_saga_reverts_its_merge_and_a_dead_lease_cannot_merge(stack: tup
     await assert_clean_audit(settings)
 
 
-async def test_a_worker_killed_mid_merge_leaves_it_merged_once(bootstrap: str, tmp_path: Path) -> None:
-    intent = uuid.uuid4().hex
-    settings, pool, repo = await _stack(bootstrap, tmp_path, {"ARBITER_FAILPOINT": f"crash_after_tool:{intent}"},
-                                        partitions=1)
-    try:
-        async with ArbiterClient("eve", settings) as eve, eve.sandbox("app", keep=True) as box:
-            commit(box.path, "x.py", "x = 1\n", "eve: x")
-            head = sh(repo, "rev-parse", "main")
-            lease = await eve.acquire("repo:app", ttl=120, wait=10)
-            pending = asyncio.create_task(eve.execute(lease, "merge", {"message": "eve"}, intent_id=intent,
-                                                      timeout=120))
-            crashed = pool.workers[0].proc
-            await asyncio.wait_for(asyncio.to_thread(crashed.wait), 60)
-            assert crashed.returncode == -9, "the failpoint should have killed the worker"
-            merged = sh(repo, "rev-parse", "main")
-            assert merged != head, "the merge ran before the crash"
-            pool.workers.clear()
-            pool.start(1)  # redelivers the intent
-            outcome = await pending
-            assert outcome.applied and outcome.result["head"] == merged and outcome.result.get("redelivered")
-            assert sh(repo, "rev-list", "--first-parent", "--count", f"{head}..main") == "1", "merged once"
-            await eve.release(lease)
-        await assert_clean_audit(settings)
-    finally:
-        pool.stop()
-
-
 def test_the_repository_setting_is_checked(tmp_path: Path) -> None:
     assert Settings(repos=f"app={tmp_path}").repositories()["app"].path == tmp_path
     with pytest.raises(ValueError, match="name=path"):
@@ -258,116 +232,6 @@ async def test_claude_codes_worktree_hook_gets_only_the_sandbox_path(stack: tupl
     assert bad.returncode == 1 and bad.stdout == "" and "not JSON" in bad.stderr
     again = await asyncio.to_thread(hook, json.dumps(payload))
     assert again.returncode == 1 and again.stdout == "" and "already" in again.stderr
-
-
-CHECK = """\\
-import hashlib, json, os, sys, time
-started = time.time()
-digest = hashlib.sha256()  # what git's tree of these files is, for the test to match (no .git here)
-for path in sorted(os.path.relpath(os.path.join(root, name), ".") for root, _, files in os.walk(".")
-                   for name in files):
-    digest.update(path.encode() + b"\\0" + open(path, "rb").read() + b"\\0")
-tree = digest.hexdigest()
-open(sys.argv[1] + ".started", "a").write(tree + "\\n")
-time.sleep(float(sys.argv[2]))
-passed = not os.path.exists("bad.txt")
-with open(sys.argv[1], "a") as log:
-    log.write(json.dumps({"tree": tree, "start": started, "end": time.time(), "passed": passed,
-                          "files": sorted(os.listdir("."))}) + "\\n")
-sys.exit(0 if passed else 1)
-"""
-
-
-def _tree_digest(repo: Path, tree: str) -> str:
-    """``CHECK``'s digest of a git tree's files."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for path in sorted(sh(repo, "ls-tree", "-r", "--name-only", tree).splitlines()):
-        body = subprocess.run(["git", "-C", str(repo), "cat-file", "blob", f"{tree}:{path}"], check=True,
-                              capture_output=True).stdout
-        digest.update(path.encode() + b"\0" + body + b"\0")
-    return digest.hexdigest()
-
-
-def _check(shared: Path, seconds: float) -> tuple[str, Path]:
-    """The check's command and its log, both where the check's user (nobody, under root) can reach them."""
-    script, log = shared / "check.py", shared / "open" / "checks.jsonl"
-    script.write_text(CHECK)
-    return f"python3 {script} {log} {seconds}", log
-
-
-def _wait_for(path: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path.name} never appeared"
-        time.sleep(0.02)
-
-
-def _most_at_once(runs: list[dict[str, Any]]) -> int:
-    return max(sum(1 for other in runs if other["start"] < run["end"] and run["start"] < other["end"]) for run in runs)
-
-
-async def test_a_merge_train_checks_at_once_lands_in_order_and_evicts_only_the_culprit(
-        stack: tuple[Settings, Path], shared: Path) -> None:
-    settings, repo = stack
-    command, log = _check(shared, 0.6)
-    repos_file(settings.home, repo, command, check_timeout_seconds=60)  # the operator sets the check
-    names = [f"coder-{i}" for i in range(4)]
-    async with contextlib.AsyncExitStack() as stack_, MergeTrain(depth=4) as train:
-        boxes = []
-        for name in names:
-            client = await stack_.enter_async_context(ArbiterClient(name, settings))
-            box = await stack_.enter_async_context(client.sandbox("app", keep=False))
-            commit(box.path, f"{name}.txt", f"{name}\n", f"{name}: its own file")
-            if name == "coder-1":
-                commit(box.path, "bad.txt", "breaks the check\n", f"{name}: and breaks the build")
-            boxes.append(box)
-        # joined in this order (each task's first step joins the train)
-        tasks = [asyncio.create_task(box.merge(f"{box.branch}: merge", train=train)) for box in boxes]
-        outcomes = await asyncio.gather(*tasks)
-    assert [o.applied for o in outcomes] == [True, False, True, True], [o.diagnostic for o in outcomes]
-    culprit = outcomes[1]
-    assert culprit.reason == "check_failed" and culprit.diagnostic["check"]["exit_code"] == 1
-    assert train.stats.evicted == [culprit.intent_id] and train.stats.landed == [
-        outcomes[i].intent_id for i in (0, 2, 3)], "landed in the order they joined, only the culprit out"
-    subjects = sh(repo, "log", "--first-parent", "--format=%s", "main").splitlines()[:3]
-    assert subjects == ["arbiter/coder-3: merge", "arbiter/coder-2: merge", "arbiter/coder-0: merge"], subjects
-    assert not (repo / "bad.txt").exists() and all((repo / f"{n}.txt").exists() for n in names if n != "coder-1")
-    runs = [json.loads(line) for line in log.read_text().splitlines()]
-    passed = {run["tree"] for run in runs if run["passed"]}
-    assert all(_tree_digest(repo, o.result["tree"]) in passed for o in outcomes if o.applied), \
-        "each landed tree is one that passed"
-    assert _most_at_once(runs) >= 2, "checks ran speculatively, at once"
-    behind = [run for run in runs if "coder-3.txt" in run["files"]]
-    assert any("bad.txt" in run["files"] for run in behind) and any("bad.txt" not in run["files"] for run in behind), \
-        "coder-3 was checked on top of the culprit, then again without it"
-    await assert_clean_audit(settings)
-
-
-async def test_a_merge_train_plans_again_when_main_moves_outside_it(
-        stack: tuple[Settings, Path], shared: Path) -> None:
-    settings, repo = stack
-    command, log = _check(shared, 1.0)
-    repos_file(settings.home, repo, command, check_timeout_seconds=60)
-    async with ArbiterClient("ivy", settings) as ivy, ArbiterClient("jon", settings) as jon, \
-            ivy.sandbox("app", keep=False) as a, jon.sandbox("app", keep=False) as b, \
-            MergeTrain(depth=2) as train:
-        commit(a.path, "ivy.txt", "ivy\n", "ivy: in the train")
-        commit(b.path, "jon.txt", "jon\n", "jon: outside it")
-        in_train = asyncio.create_task(a.merge("ivy: merge", train=train))
-        started = log.with_name(log.name + ".started")
-        await asyncio.to_thread(_wait_for, started)  # ivy's check runs: now main moves under it
-        outside = await b.merge("jon: merge")
-        assert outside.applied, outside.diagnostic
-        landed = await in_train
-    assert landed.applied, landed.diagnostic
-    assert landed.result["previous"] == outside.result["head"], "ivy landed on jon's merge, not on the old head"
-    runs = [json.loads(line) for line in log.read_text().splitlines()]
-    checked = {run["tree"] for run in runs if run["passed"]}
-    assert _tree_digest(repo, landed.result["tree"]) in checked and len(runs) >= 2, \
-        "checked again on the moved head before landing"
-    await assert_clean_audit(settings)
 
 
 async def test_a_cli_conflict_names_what_landed_and_the_cli_rebases(stack: tuple[Settings, Path]) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,8 @@ from arbiter.streams.tools.registry import ToolError
 
 log = logging.getLogger("arbiter.runner")
 
+RETRY_SECONDS = 2.0
+"""How soon a repository that could not be planned or checked is tried again."""
 Key = tuple[str, str]
 """(entry's intent id, base): one check of one merge on one base."""
 
@@ -112,17 +115,17 @@ class CheckRunner:
         self.results: dict[Key, bool] = {}
         """Per check, whether its verdict passed (recorded in the log, or sent by this runner)."""
         self.sent: set[Key] = set()
-        self.jobs: dict[Key, asyncio.Task[None]] = {}
+        self.jobs: dict[Key, tuple[str, asyncio.Task[None]]] = {}
+        """The checks running: their repository and task."""
         self.checks_run = 0
         self._dirty: set[str] = set()
+        self._retry_at: dict[str, float] = {}
+        self._failing: dict[str, str] = {}
         self._registry: Registry | None = None
         self._client: ArbiterClient | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow the log and check until ``stop`` is set."""
-        for resource, repository in self.repositories.items():
-            self.mirrors[resource] = await asyncio.to_thread(mirror_of, self.settings.home, repository.name,
-                                                             repository.path)
         feed = None
         if self.settings.verify_signatures:
             self._registry = Registry(anchors_for(self.settings.home, self.settings.admin_public_keys))
@@ -132,14 +135,18 @@ class CheckRunner:
         try:
             async with ArbiterClient(self.name, self.settings) as client, tail:
                 self._client = client
+                log.info("runner %s checks %s, %d at once, from the start of %s", self.name,
+                         ", ".join(sorted(self.repositories)) or "nothing", self.depth,
+                         self.settings.topics.resource_events)
                 while not stop.is_set():
                     for message, record in await tail.read(timeout_ms=200):
                         self._fold(message, record)
                     await self._replan()
         finally:
-            for job in self.jobs.values():
-                job.cancel()
-            await asyncio.gather(*self.jobs.values(), return_exceptions=True)
+            running = [task for _, task in self.jobs.values()]
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
             if feed is not None:
                 await feed.stop()
 
@@ -163,25 +170,44 @@ class CheckRunner:
         return isinstance(verdict, Verified) and verdict.role == ROLE_WORKER
 
     async def _replan(self) -> None:
-        if not self._dirty:
-            return
-        wanted: set[Key] = set()
-        for resource, trains in sorted(self.trains.items()):
-            if not trains.entries:
+        """Plan each repository whose train changed; one that cannot be planned now (its folder missing,
+        git failing) is logged and planned again after ``RETRY_SECONDS``, and blocks no other."""
+        clock = time.monotonic()
+        for resource in sorted(r for r in self._dirty if self._retry_at.get(r, 0.0) <= clock):
+            self._dirty.discard(resource)
+            trains = self.trains.get(resource)
+            try:
+                wanted = await self._plan(resource, trains) if trains is not None and trains.entries else set()
+            except Exception as error:  # a repository's trouble is logged, never this runner's end
+                self._later(resource, f"cannot plan its checks: {error}")
                 continue
-            repository = self.repositories[resource]
-            todo = await asyncio.to_thread(plan, trains, self.mirrors[resource], self.depth,
-                                           repository.check_digest(), self.results)
-            for key, (entry, base, paths) in todo.conflicts.items():
-                if key not in self.sent and key not in self.results:
-                    await self._send_conflict(resource, entry, base, paths, repository)
-            for key, (entry, base, commit, tree) in todo.checks.items():
-                wanted.add(key)
-                if key not in self.sent and key not in self.results and key not in self.jobs:
-                    self.jobs[key] = asyncio.create_task(self._check(resource, repository, entry, base, commit, tree))
-        for key in [k for k in self.jobs if k not in wanted]:
-            self.jobs.pop(key).cancel()  # its merge left, or the train moved on: the check is moot
-        self._dirty.clear()
+            self._failing.pop(resource, None)
+            for key in [k for k, (r, _) in self.jobs.items() if r == resource and k not in wanted]:
+                self.jobs.pop(key)[1].cancel()  # its merge left, or the train moved on: the check is moot
+
+    async def _plan(self, resource: str, trains: Train) -> set[Key]:
+        repository = self.repositories[resource]
+        mirror = self.mirrors.get(resource)
+        if mirror is None:
+            mirror = self.mirrors[resource] = await asyncio.to_thread(mirror_of, self.settings.home, repository.name,
+                                                                      repository.path)
+        todo = await asyncio.to_thread(plan, trains, mirror, self.depth, repository.check_digest(), self.results)
+        for key, (entry, base, paths) in todo.conflicts.items():
+            if key not in self.sent and key not in self.results:
+                await self._send_conflict(resource, entry, base, paths, repository)
+        for key, (entry, base, commit, tree) in todo.checks.items():
+            if key not in self.sent and key not in self.results and key not in self.jobs:
+                task = asyncio.create_task(self._check(resource, repository, entry, base, commit, tree))
+                self.jobs[key] = (resource, task)
+        return set(todo.checks)
+
+    def _later(self, resource: str, why: str) -> None:
+        """Try ``resource`` again in ``RETRY_SECONDS``; say why once for each new reason."""
+        self._dirty.add(resource)
+        self._retry_at[resource] = time.monotonic() + RETRY_SECONDS
+        if self._failing.get(resource) != why:
+            self._failing[resource] = why
+            log.warning("%s: %s; trying again every %g s", resource, why, RETRY_SECONDS)
 
     async def _check(self, resource: str, repository: Repository, entry: Entry, base: str, commit: str,
                      tree: str) -> None:
@@ -196,8 +222,8 @@ class CheckRunner:
             self._dirty.add(resource)  # the ones behind may stack differently now
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("checking %s on %s failed; it will be checked again", entry.intent_id, base[:12])
+        except Exception as error:  # checked again after RETRY_SECONDS
+            self._later(resource, f"checking {entry.intent_id} on {base[:12]} failed ({error})")
         finally:
             self.jobs.pop(key, None)
 

@@ -263,3 +263,25 @@ async def test_nothing_lands_without_a_runners_pass_whatever_an_agent_sends(stac
         runner.stop()
     assert landed["applied"] and landed["result"]["verdict"] not in ("forged", "forged-2"), landed
     await assert_clean_audit(settings)
+
+
+async def test_a_runner_started_before_its_repository_exists_checks_it_once_it_does(stack: Stack) -> None:
+    """A repository the runner cannot read yet (or that git fails on) is tried again, and stops no other."""
+    aside = stack.repo.with_name("app-not-yet")
+    stack.repo.rename(aside)
+    runner = stack.runner()
+    try:
+        assert runner.log is not None
+        deadline = asyncio.get_running_loop().time() + 60
+        while "checks repo:app" not in runner.log.read_text():
+            assert runner.proc is not None and runner.proc.poll() is None, runner.log.read_text()[-3000:]
+            assert asyncio.get_running_loop().time() < deadline, runner.log.read_text()[-3000:]
+            await asyncio.sleep(0.1)
+        aside.rename(stack.repo)
+        outcome = await answer(stack.agent("late", {"late.txt": "late"}))
+        assert outcome["applied"], outcome
+        assert runner.proc is not None and runner.proc.poll() is None, "the runner is still running"
+    finally:
+        runner.stop()
+    assert (stack.repo / "late.txt").exists()
+    await assert_clean_audit(stack.settings)

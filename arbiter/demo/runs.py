@@ -77,7 +77,13 @@ async def coding_story(settings: Settings) -> Any:
     from arbiter.demo.coding import make_repo, safe_story
 
     make_repo(settings.repositories()["demo"].path)
-    runner = RunnerProcess(settings, name="demo-checks", depth=2).start()  # the check runner an operator runs
+    from arbiter.agents.identities import Registrar
+    from arbiter.schemas.identity import ROLE_RUNNER
+
+    # The check runner an operator runs, with a key of its own handed over in memory like the agents'.
+    signer = await Registrar(settings).add("demo-checks", role=ROLE_RUNNER, allow=["repo:"], keep_key=False)
+    own = settings.model_copy(update={"identity": "demo-checks", "identity_key": signer.private_pem().decode()})
+    runner = RunnerProcess(own, name="demo-checks", depth=2).start()
     try:
         return await safe_story(settings, lambda name: _enroll(settings, name, ["repo:"]))
     finally:

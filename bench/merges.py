@@ -1,14 +1,15 @@
-"""``python -m bench merges``: the merge queue's throughput, and preflight time against repository size.
+"""``python -m bench merges``: merges/s of coding agents in separate processes sharing one train, and the hook.
 
-- Throughput: ``--agents`` coding agents (4) each make a sandbox of one real repository, commit a
-  small change to a file of their own, and merge it through a real worker, ``--rounds`` times (3),
-  all at once: merges per second without a check, and with a 1 s check (``sleep 1`` on the merge
-  result, the repository's check in a ``repos.toml``) two ways: serial (``box.merge``: the repository's
-  lease is the queue, so each
-  merge waits for the checks of all those ahead) and speculative (one ``MergeTrain`` of depth
-  ``--agents``: each merge checked on top of those ahead of it, at once, landed in order).
+- Throughput: ``--agents`` coding agents (4), each its own process (``python -c``: the SDK, as a coding
+  agent's session is), make a sandbox of one real repository, commit a small change to a file of their
+  own and merge it, ``--rounds`` times (3), all at once, through a real worker and a real check runner
+  (``arbiter runner``), with the repository's check a 1 s ``sleep``: merges per second with the runner
+  at depth 1 (serial: each merge is checked after the one ahead landed) and at ``--depth`` (4: each is
+  checked on top of the ones ahead, at once); and, for the floor, without a check.
 - Preflight: ``git merge-tree --write-tree`` of a one-file change against a head that moved, in
   repositories of 100 to 10,000 files (median of 5).
+- The hook: ``arbiter-hook`` answered by ``arbiter hook serve`` (the agent's long-lived process), over
+  ``--hook-calls`` (1,000) PreToolUse edits: p50 and p99 in ms, and the one-shot CLI hook for comparison.
 """
 
 from __future__ import annotations
@@ -16,13 +17,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from arbiter.agents import ArbiterClient, MergeTrain
+from arbiter.mcp import hookclient
+from arbiter.processes import RunnerProcess, settings_env
 
 from .env import bench_arbiter
 
@@ -70,47 +74,61 @@ def preflight(sizes: list[int]) -> None:
                   f"{statistics.median(times):6.1f} ms (median of 5)")
 
 
-async def throughput(agents: int, rounds: int, check: str | None, speculative: bool = False) -> float:
+AGENT = """
+import asyncio, subprocess, sys, time
+from arbiter.agents import ArbiterClient
+name, rounds = sys.argv[1], int(sys.argv[2])
+IDENTITY = ["-c", f"user.name={name}", "-c", f"user.email={name}@example.com"]
+
+def git(path, *args):
+    subprocess.run(["git", "-C", str(path), *IDENTITY, *args], check=True, capture_output=True)
+
+async def main():
+    async with ArbiterClient(name) as client, client.sandbox("app") as box:
+        for r in range(rounds):
+            if r:
+                git(box.path, "rebase", "-q", "main")
+            (box.path / f"{name}.txt").write_text(f"round {r}\\n")
+            git(box.path, "add", f"{name}.txt")
+            git(box.path, "commit", "-qm", f"{name} {r}")
+            outcome = await box.merge(f"{name}: round {r}")
+            if not outcome.applied:
+                raise SystemExit(f"a merge was refused: {outcome.reason} {outcome.diagnostic}")
+            print(time.time(), flush=True)
+
+asyncio.run(main())
+"""
+
+
+async def throughput(agents: int, rounds: int, check: str | None, depth: int) -> float:
+    """Merges/s of ``agents`` processes merging ``rounds`` times each through one train."""
     with tempfile.TemporaryDirectory() as folder:
+        os.chmod(folder, 0o755)  # the check's user (nobody, under root) reads the scratch copies, not this
         repo = make_repo(Path(folder), 100)
         config = Path(folder) / "repos.toml"
         config.write_text(f"[repos.app]\npath = {json.dumps(str(repo))}\n"
                           + (f"check = {json.dumps(check)}\ncheck_timeout_seconds = 60\n" if check else ""))
         async with bench_arbiter(repos_file=config) as settings:
-            merged: list[float] = []
-            train = MergeTrain(depth=agents) if speculative and check else None
-
-            async def agent(i: int) -> None:
-                async with ArbiterClient(f"coder-{i}", settings) as client, client.sandbox("app") as box:
-                    for r in range(rounds):
-                        if r:
-                            await asyncio.to_thread(_git, box.path, "rebase", "-q", "main")
-                        path = box.path / f"agent-{i}.txt"
-                        await asyncio.to_thread(path.write_text, f"round {r}\n")
-                        await asyncio.to_thread(_git, box.path, "add", path.name)
-                        await asyncio.to_thread(_git, box.path, *IDENTITY, "commit", "-qm", f"coder-{i} {r}")
-                        if train is not None:
-                            outcome = await box.merge(f"coder-{i}: round {r}", train=train)
-                        else:
-                            outcome = await box.merge(f"coder-{i}: round {r}")
-                        if not outcome.applied:
-                            raise SystemExit(f"a merge was refused: {outcome.diagnostic}")
-                        merged.append(time.perf_counter())
-
-            started = time.perf_counter()
-            await asyncio.gather(*(agent(i) for i in range(agents)))
-            took = time.perf_counter() - started
-            if train is not None:
-                await train.close()
-            count = len(merged)
+            runner = RunnerProcess(settings, depth=depth).start()
+            try:
+                env = settings_env(settings)
+                started = time.perf_counter()
+                procs = [await asyncio.create_subprocess_exec(
+                    sys.executable, "-c", AGENT, f"coder-{i}", str(rounds), env=env, stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE) for i in range(agents)]
+                outs = await asyncio.gather(*(p.communicate() for p in procs))
+                took = time.perf_counter() - started
+            finally:
+                runner.stop()
+            failed = [err.decode()[-500:] for (_, err), p in zip(outs, procs, strict=True) if p.returncode]
+            if failed:
+                raise SystemExit(f"an agent failed: {failed[0]}")
+            count = sum(len(out.split()) for out, _ in outs)
             heads = _git(repo, "rev-list", "--first-parent", "--count", "main")
-        label = f"with a check ({check})" if check else "without a check"
-        mode = "speculative" if train is not None else "serial"
-        extra = (f"; {train.stats.checks_started} checks, at most {train.stats.most_at_once} at once"
-                 if train is not None else "")
-        print(f"merges: {count} merges by {agents} agents at once, {mode}, {label}: {count / took:5.2f} merges/s "
-              f"({took:.1f} s; main has {heads} first-parent commits{extra})")
-        return count / took
+    label = f"with a check ({check}), runner depth {depth}" if check else "without a check"
+    print(f"merges: {count} merges by {agents} agent processes at once, {label}: {count / took:5.2f} merges/s "
+          f"({took:.1f} s; main has {heads} first-parent commits)")
+    return count / took
 
 
 def main(argv: list[str]) -> None:
@@ -118,10 +136,60 @@ def main(argv: list[str]) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--agents", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--sizes", default="100,1000,10000", help="repository sizes (files) for the preflight")
+    parser.add_argument("--hook-calls", type=int, default=1000)
     args = parser.parse_args(argv)
     preflight([int(s) for s in args.sizes.split(",")])
-    asyncio.run(throughput(args.agents, args.rounds, None))
-    serial = asyncio.run(throughput(args.agents, args.rounds, "sleep 1"))
-    speculative = asyncio.run(throughput(args.agents, args.rounds, "sleep 1", speculative=True))
-    print(f"merges: with a 1 s check, speculative is {speculative / serial:.1f}x serial")
+    asyncio.run(throughput(args.agents, args.rounds, None, 1))
+    serial = asyncio.run(throughput(args.agents, args.rounds, "sleep 1", 1))
+    shared = asyncio.run(throughput(args.agents, args.rounds, "sleep 1", args.depth))
+    print(f"merges: with a 1 s check, the shared train at depth {args.depth} is {shared / serial:.1f}x serial "
+          "(target >= 2.5x)")
+    if args.hook_calls:
+        asyncio.run(hook_latency(args.hook_calls))
+
+
+async def hook_latency(calls: int) -> None:
+    """The hook's latency, as a coding agent sees it (a process per call)."""
+    with tempfile.TemporaryDirectory() as folder:
+        repo = make_repo(Path(folder), 100)
+        async with bench_arbiter(repos=f"app={repo}") as settings:
+            env = settings_env(settings)
+            server = await asyncio.create_subprocess_exec(sys.executable, "-m", "arbiter", "hook", "serve", "--agent",
+                                                          "coder-0", env=env, stderr=asyncio.subprocess.DEVNULL)
+            try:
+                await asyncio.to_thread(_wait_for_socket, Path(hookclient.socket_path(settings.home, "coder-0")))
+                edit = json.dumps({"session_id": "s", "cwd": str(repo), "hook_event_name": "PreToolUse",
+                                   "tool_name": "Edit", "tool_input": {"file_path": str(repo / "src/d000/f00001.py"),
+                                                                       "old_string": "1", "new_string": "2"}})
+                hook = [str(Path(sys.executable).parent / "arbiter-hook"), "--agent", "coder-0"]
+                fast = await _timed(hook, edit, env, calls)
+                slow = await _timed([sys.executable, "-m", "arbiter", "hook", "pre-tool-use", "--agent", "coder-0"],
+                                    edit, {**env, "ARBITER_HOME": str(Path(folder) / "elsewhere")}, 20)
+            finally:
+                server.terminate()
+                await server.wait()
+    print(f"hook: arbiter-hook answered by arbiter hook serve, {calls} edits: p50 {fast[0]:.0f} ms, p99 {fast[1]:.0f} "
+          f"ms (targets 50 / 150); the one-shot CLI hook connecting to Kafka itself, 20 edits: p50 {slow[0]:.0f} ms")
+
+
+def _wait_for_socket(path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"arbiter hook serve never listened at {path}")
+        time.sleep(0.05)
+
+
+async def _timed(command: list[str], stdin: str, env: dict[str, str], calls: int) -> tuple[float, float]:
+    times = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(*command, env=env, stdin=asyncio.subprocess.PIPE,
+                                                    stdout=asyncio.subprocess.DEVNULL,
+                                                    stderr=asyncio.subprocess.DEVNULL)
+        await proc.communicate(stdin.encode())
+        times.append((time.perf_counter() - started) * 1000)
+    times.sort()
+    return statistics.median(times), times[min(len(times) - 1, int(len(times) * 0.99))]

@@ -2,14 +2,16 @@
 
 - Throughput: ``--agents`` coding agents (4), each its own process (``python -c``: the SDK, as a coding
   agent's session is), make a sandbox of one real repository, commit a small change to a file of their
-  own and merge it, ``--rounds`` times (3), all at once, through a real worker and a real check runner
-  (``arbiter runner``), with the repository's check a 1 s ``sleep``: merges per second with the runner
-  at depth 1 (serial: each merge is checked after the one ahead landed) and at ``--depth`` (4: each is
-  checked on top of the ones ahead, at once); and, for the floor, without a check.
+  own and merge it, ``--rounds`` times (3), all at once (the clock starts once every agent is enrolled and in
+  its sandbox), through a real worker and a real check runner (``arbiter runner``), with the repository's
+  check a 1 s ``sleep``: merges per second with the runner at depth 1 (serial: each merge is checked
+  after the one ahead landed) and at ``--depth`` (4: each is checked on top of the ones ahead, at once);
+  and, for the floor, without a check.
 - Preflight: ``git merge-tree --write-tree`` of a one-file change against a head that moved, in
   repositories of 100 to 10,000 files (median of 5).
 - The hook: ``arbiter-hook`` answered by ``arbiter hook serve`` (the agent's long-lived process), over
-  ``--hook-calls`` (1,000) PreToolUse edits: p50 and p99 in ms, and the one-shot CLI hook for comparison.
+  ``--hook-calls`` (1,000) PreToolUse edits: p50 and p99 in ms, and the one-shot CLI hook for comparison;
+  and how soon ``arbiter mcp`` answers ``initialize`` after its launch.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def git(path, *args):
 
 async def main():
     async with ArbiterClient(name) as client, client.sandbox("app") as box:
+        print("ready", flush=True)
+        await asyncio.to_thread(sys.stdin.readline)  # the bench starts every agent's merges at once
         for r in range(rounds):
             if r:
                 git(box.path, "rebase", "-q", "main")
@@ -112,11 +116,17 @@ async def throughput(agents: int, rounds: int, check: str | None, depth: int) ->
             runner = RunnerProcess(settings, depth=depth).start()
             try:
                 env = settings_env(settings)
-                started = time.perf_counter()
                 procs = [await asyncio.create_subprocess_exec(
-                    sys.executable, "-c", AGENT, f"coder-{i}", str(rounds), env=env, stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE) for i in range(agents)]
-                outs = await asyncio.gather(*(p.communicate() for p in procs))
+                    sys.executable, "-c", AGENT, f"coder-{i}", str(rounds), env=env, stdin=asyncio.subprocess.PIPE,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE) for i in range(agents)]
+                # Each agent process starts, enrolls and makes its sandbox first: the clock measures the merges.
+                for proc in procs:
+                    assert proc.stdout is not None
+                    if await proc.stdout.readline() != b"ready\n":
+                        _, err = await proc.communicate()
+                        raise SystemExit(f"an agent failed before its merges: {err.decode()[-500:]}")
+                started = time.perf_counter()
+                outs = await asyncio.gather(*(p.communicate(b"go\n") for p in procs))
                 took = time.perf_counter() - started
             finally:
                 runner.stop()
@@ -165,13 +175,43 @@ async def hook_latency(calls: int) -> None:
                                                                        "old_string": "1", "new_string": "2"}})
                 hook = [str(Path(sys.executable).parent / "arbiter-hook"), "--agent", "coder-0"]
                 fast = await _timed(hook, edit, env, calls)
+                ready = statistics.median([await _mcp_ready(env) for _ in range(5)])
                 slow = await _timed([sys.executable, "-m", "arbiter", "hook", "pre-tool-use", "--agent", "coder-0"],
-                                    edit, {**env, "ARBITER_HOME": str(Path(folder) / "elsewhere")}, 20)
+                                    edit, env, 20)
             finally:
                 server.terminate()
                 await server.wait()
     print(f"hook: arbiter-hook answered by arbiter hook serve, {calls} edits: p50 {fast[0]:.0f} ms, p99 {fast[1]:.0f} "
           f"ms (targets 50 / 150); the one-shot CLI hook connecting to Kafka itself, 20 edits: p50 {slow[0]:.0f} ms")
+    print(f"mcp: arbiter mcp answers initialize over stdio {ready:.2f} s after launch (median of 5; target 1.5)")
+
+
+INITIALIZE = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+    "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "bench", "version": "1"}}})
+
+
+async def _mcp_ready(env: dict[str, str]) -> float:
+    """Seconds from launching ``arbiter mcp`` to its answer to ``initialize``, as a coding agent starts it."""
+    started = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "arbiter", "mcp", "--agent", "coder-1", env=env,
+                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                                                stderr=asyncio.subprocess.DEVNULL)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(INITIALIZE.encode() + b"\n")
+        await proc.stdin.drain()
+        answer = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
+        took = time.perf_counter() - started
+        if "result" not in answer:
+            raise SystemExit(f"arbiter mcp did not initialize: {answer}")
+        return took
+    finally:
+        proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
 
 
 def _wait_for_socket(path: Path, timeout: float = 60.0) -> None:
@@ -190,6 +230,8 @@ async def _timed(command: list[str], stdin: str, env: dict[str, str], calls: int
                                                     stdout=asyncio.subprocess.DEVNULL,
                                                     stderr=asyncio.subprocess.DEVNULL)
         await proc.communicate(stdin.encode())
+        if proc.returncode:
+            raise SystemExit(f"{command[0]} answered exit {proc.returncode}: the edit was to be allowed")
         times.append((time.perf_counter() - started) * 1000)
     times.sort()
     return statistics.median(times), times[min(len(times) - 1, int(len(times) * 0.99))]

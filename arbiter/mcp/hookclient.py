@@ -17,8 +17,9 @@ This module must import only the standard library: ``tests/test_hook_socket.py``
 
 from __future__ import annotations
 
+# The C module, not ``socket``: ``socket`` imports enum and selectors, a third of this client's start-up.
+import _socket
 import os
-import socket
 import sys
 
 EXIT_BLOCK = 2
@@ -49,14 +50,17 @@ def socket_path(home: str | os.PathLike[str], agent: str) -> str:
 
 def ask(path: str, agent: str, payload: bytes, timeout: float = TIMEOUT) -> tuple[str, str]:
     """The hook process's answer to ``payload``: (allow, deny or block; what to print)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+    conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
         conn.settimeout(timeout)
         conn.connect(path)
         conn.sendall(agent.encode() + b"\n" + payload)
-        conn.shutdown(socket.SHUT_WR)
+        conn.shutdown(_socket.SHUT_WR)
         data = b""
         while chunk := conn.recv(65536):
             data += chunk
+    finally:
+        conn.close()
     decision, _, text = data.decode(errors="replace").partition("\n")
     if decision not in DECISIONS:
         raise ValueError(f"an answer this client cannot read: {data[:200]!r}")

@@ -16,7 +16,8 @@ from arbiter.edge.clock import now_ms
 from arbiter.schemas import Cause, LockGranted, LockReleaseRequested, LockRequested, default_codec
 from arbiter.streams.cores.leases import LockCommand, decide, evolve, new_book, step
 
-from .env import bench_arbiter, burst
+from .compare_servers import cpu_seconds
+from .env import bench_arbiter, bench_workers, burst
 
 
 async def faust_ceiling(total: int) -> None:
@@ -300,16 +301,21 @@ async def handoff_latency(count: int, **overrides: Any) -> list[float]:
 
 
 async def grant_throughput(total: int, workers: int = 1, **overrides: Any) -> float:
-    """Grants per second of ``workers`` workers: a burst of acquires on distinct resources."""
+    """Grants per second of ``workers`` workers: a burst of acquires on distinct resources; and the workers'
+    CPU per grant (``/proc/<pid>/stat``, around the burst)."""
     codec = default_codec()
-    async with bench_arbiter(workers, **overrides) as settings:
+    async with bench_workers(workers, **overrides) as (settings, pool):
         run = uuid.uuid4().hex[:6]
         sent = now_ms()  # (within the id window: an old send time is refused request_expired)
         payloads = [(f"burst:{run}:{i}".encode(), codec.encode(LockRequested(
             request_id=f"{run}-{i}", agent_id=f"agent-{i % 100}", resource=f"burst:{run}:{i}", mode="exclusive",
             ttl_ms=60_000, sent_at_ms=sent))) for i in range(total)]
+        pids = [w.proc.pid for w in pool.workers]
+        cpu = cpu_seconds(pids)
         produced, elapsed = await burst(settings, payloads, LockGranted)
+        cpu = cpu_seconds(pids) - cpu
         print(f"grant throughput, {workers} worker{'s' if workers > 1 else ''} on {settings.partitions} partitions, "
               f"{total} acquires: {total / elapsed:>8,.0f} grants/s "
-              f"(produced in {produced:.2f} s, all granted after {elapsed:.2f} s)")
+              f"(produced in {produced:.2f} s, all granted after {elapsed:.2f} s; worker CPU "
+              f"{cpu / total * 1e6:,.0f} µs a grant)")
     return total / elapsed

@@ -114,11 +114,13 @@ async def throughput(agents: int, rounds: int, check: str | None, depth: int) ->
                           + (f"check = {json.dumps(check)}\ncheck_timeout_seconds = 60\n" if check else ""))
         async with bench_arbiter(repos_file=config) as settings:
             runner = RunnerProcess(settings, depth=depth).start()
+            procs: list[asyncio.subprocess.Process] = []
             try:
                 env = settings_env(settings)
-                procs = [await asyncio.create_subprocess_exec(
-                    sys.executable, "-c", AGENT, f"coder-{i}", str(rounds), env=env, stdin=asyncio.subprocess.PIPE,
-                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE) for i in range(agents)]
+                for i in range(agents):
+                    procs.append(await asyncio.create_subprocess_exec(
+                        sys.executable, "-c", AGENT, f"coder-{i}", str(rounds), env=env, stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE))
                 # Each agent process starts, enrolls and makes its sandbox first: the clock measures the merges.
                 for proc in procs:
                     assert proc.stdout is not None
@@ -130,6 +132,10 @@ async def throughput(agents: int, rounds: int, check: str | None, depth: int) ->
                 took = time.perf_counter() - started
             finally:
                 runner.stop()
+                for proc in procs:  # after a failure, no agent is left waiting for its go
+                    if proc.returncode is None:
+                        proc.kill()
+                        await proc.wait()
             failed = [err.decode()[-500:] for (_, err), p in zip(outs, procs, strict=True) if p.returncode]
             if failed:
                 raise SystemExit(f"an agent failed: {failed[0]}")

@@ -217,7 +217,7 @@ def test_ctrl_c_stops_the_demo_cleanly_and_audits_the_partial_log(bootstrap: str
     from .conftest import isolated_settings
 
     env = settings_env(isolated_settings(bootstrap, tmp_path)) | {"PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "arbiter", "demo", "--speed", "5", "--workers", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", "arbiter", "demo", "--speed", "2", "--workers", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, cwd=REPO)
     assert proc.stdout is not None
     lines = []

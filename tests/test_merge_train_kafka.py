@@ -25,7 +25,7 @@ from arbiter.audit.log import Log, read_log
 from arbiter.edge.clock import now_ms
 from arbiter.edge.settings import Settings
 from arbiter.processes import RunnerProcess, WorkerPool, settings_env
-from arbiter.schemas import CheckVerdict, DeadLetter, MergeQueued, ToolApplied, ToolRejected, default_codec
+from arbiter.schemas import CheckVerdict, DeadLetter, LockExpired, MergeQueued, ToolApplied, ToolRejected, default_codec
 from arbiter.streams.runtime.topics import ensure_topics
 
 from .conftest import assert_clean_audit, isolated_settings
@@ -122,6 +122,19 @@ async def ready(proc: subprocess.Popen[str]) -> str:
     return str(json.loads(line)["ready"])
 
 
+async def expired(stack: Stack, agent: str, timeout: float = 60) -> LockExpired:
+    """The agent's repository lease, once the log says it lapsed."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        log = await stack.log()
+        lapsed = [e.record for e in log.of(stack.settings.topics.resource_events)
+                  if isinstance(e.record, LockExpired) and e.record.agent_id == agent]
+        if lapsed:
+            return lapsed[0]  # type: ignore[return-value]
+        assert asyncio.get_running_loop().time() < deadline, f"{agent}'s lease did not lapse in {timeout} s"
+        await asyncio.sleep(0.2)
+
+
 async def joined(stack: Stack, count: int, timeout: float = 60) -> list[MergeQueued]:
     """The merges that joined the train, in the order they joined, once there are ``count``."""
     deadline = asyncio.get_running_loop().time() + timeout
@@ -205,6 +218,7 @@ async def test_an_agent_that_dies_in_the_train_leaves_it_and_the_next_lands(stac
     await joined(stack, 1)
     os.killpg(doomed.pid, signal.SIGKILL)  # its process dies while its merge waits: its lease will lapse
     doomed.wait()
+    await expired(stack, "dan")  # no runner yet: a runner's pass inside the lease's last 2 s would land it, rightly
     alive = stack.agent("eve", {"eve.txt": "eve"})
     runner = stack.runner()
     try:

@@ -74,16 +74,14 @@ def shared() -> Iterator[Path]:
 def share_broker_jars(home: Path) -> Path:
     """Give a test's own broker home the jars the main broker fetched, when they are current (no second
     download from Maven Central); ``home``."""
-    import hashlib
+    from arbiter.kafka import LocalKafka
 
-    from arbiter.kafka import POM, LocalKafka
-
-    shared = LocalKafka(load_settings()).libs
-    stamp = shared / ".pom-sha256"
-    if stamp.exists() and stamp.read_text().strip() == hashlib.sha256(POM.read_bytes()).hexdigest():
-        (home / "kafka").mkdir(parents=True, exist_ok=True)
-        if not (home / "kafka" / "libs").exists():
-            (home / "kafka" / "libs").symlink_to(shared)
+    main = LocalKafka(load_settings())
+    if main.jars_current():
+        own = LocalKafka(Settings(home=home, kafka_version=main.version)).libs
+        own.parent.mkdir(parents=True, exist_ok=True)
+        if not own.exists():
+            own.symlink_to(main.libs)
     return home
 
 

@@ -24,6 +24,7 @@ def test_kafka_is_the_official_image_at_the_pinned_version_in_kraft_mode() -> No
     (version,) = re.findall(r"<kafka.version>([^<]+)</kafka.version>", pom)
     kafka = SERVICES["kafka"]
     assert kafka["image"] == f"apache/kafka:{version}"
+    assert Settings().kafka_version == version, "arbiter kafka up runs the release the compose file does"
     env = kafka["environment"]
     assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
     assert "ZOOKEEPER" not in " ".join(env)

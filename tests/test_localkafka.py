@@ -122,10 +122,13 @@ def test_failed_start_prints_the_log_tail_and_exits_non_zero(own_settings: Setti
 
 
 def test_the_broker_is_fetched_into_a_home_outside_the_checkout(tmp_path: Path) -> None:
-    """The jars land in <home>/kafka/libs wherever the home is (the pom once pinned them to the checkout)."""
+    """The jars land in <home>/kafka/libs/<release> wherever the home is (the pom once pinned them to the
+    checkout), with the slf4j binding the release logs through: no broker runs without its log."""
     settings = Settings(home=tmp_path / "elsewhere")
     local = LocalKafka(settings)
     local.fetch()
-    jars = sorted(p.name for p in (settings.home / "kafka" / "libs").glob("kafka_*.jar"))
-    assert jars, "no broker jar in the home's libs"
-    assert (settings.home / "kafka" / "libs" / ".pom-sha256").exists()
+    libs = settings.home / "kafka" / "libs" / settings.kafka_version
+    jars = sorted(p.name for p in libs.glob("*.jar"))
+    assert f"kafka_2.13-{settings.kafka_version}.jar" in jars, jars
+    assert any(name.startswith("log4j-slf4j-impl-") for name in jars), jars  # Kafka 4 logs through log4j 2
+    assert (libs / ".pom-sha256").exists() and local.jars_current()

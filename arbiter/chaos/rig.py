@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import shutil
 import tempfile
@@ -42,7 +41,7 @@ from arbiter.edge.kafkaauth import kafka_client_options
 from arbiter.edge.kafkaconn import started
 from arbiter.edge.settings import Settings, Topics
 from arbiter.edge.tail import Tail
-from arbiter.kafka import POM, LocalKafka, LocalKafkaError, broker_answers
+from arbiter.kafka import LocalKafka, LocalKafkaError, broker_answers
 from arbiter.processes import WorkerPool, free_port
 from arbiter.schemas import Record
 from arbiter.schemas.identity import Signer
@@ -99,17 +98,15 @@ class PrivateBroker(LocalKafka):
 
 
 def _link_jars(broker: LocalKafka, homes: list[Path]) -> None:
-    """Give a private broker's home the broker jars of a home that has them (fetching them once, with
-    Maven, into the first home when none has)."""
-    want = hashlib.sha256(POM.read_bytes()).hexdigest()
-    broker.root.mkdir(parents=True, exist_ok=True)
+    """Give a private broker's home the broker jars (of its release) of a home that has them (fetching
+    them once, with Maven, into the first home when none has)."""
+    broker.libs.parent.mkdir(parents=True, exist_ok=True)
     for home in homes:
-        libs = (home / "kafka" / "libs").resolve()
-        stamp = libs / ".pom-sha256"
-        if stamp.exists() and stamp.read_text().strip() == want:
-            broker.libs.symlink_to(libs, target_is_directory=True)
+        other = LocalKafka(broker.settings.model_copy(update={"home": home.resolve()}))
+        if other.jars_current():
+            broker.libs.symlink_to(other.libs.resolve(), target_is_directory=True)
             return
-    raise LocalKafkaError("no home has the broker's jars yet")
+    raise LocalKafkaError(f"no home has the jars of Kafka {broker.version} yet")
 
 
 def open_broker(base: Settings, campaign: str, configured: bool, broker_home: Path | None, private: bool,

@@ -139,6 +139,10 @@ class Settings(BaseSettings):
     kafka_heap: str = "512m"
     """JVM heap for the local broker."""
 
+    kafka_version: str = Field(default="4.4.0", pattern=r"^[0-9]{1,3}\.[0-9]{1,3}\.[0-9]{1,3}$")
+    """The Apache Kafka release the local broker runs (``arbiter kafka up``): the current 4.x by default;
+    a 3.9.x for the smoke run against older clusters. Its jars are fetched once per version."""
+
     max_message_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
     """Largest message the codec encodes or decodes; the local broker accepts twice this."""
 

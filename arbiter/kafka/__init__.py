@@ -2,9 +2,15 @@
 
 Theory of operation
 -------------------
-``arbiter/kafka/pom.xml`` pins the broker (``org.apache.kafka:kafka_2.13``). ``fetch``
-copies its jars into ``<home>/kafka/libs`` with Maven, once (a stamp of the pom's
-hash says when to fetch again). ``up`` writes a KRaft ``server.properties`` (one
+``arbiter/kafka/pom.xml`` names the broker (``org.apache.kafka:kafka_2.13``) at the release
+``settings.kafka_version`` gives (4.4.0 by default; 3.9.x for older clusters). ``fetch``
+copies its jars into ``<home>/kafka/libs/<version>`` with Maven, once (a stamp of the pom's
+hash and the version says when to fetch again). Kafka 4 logs through log4j 2, 3.x through
+reload4j: both configurations are written, and the pom takes the matching slf4j binding.
+The release a node's storage was formatted by is written next to it
+(``data/arbiter-kafka-version``; none means 3.9.1, the release before this was recorded):
+a newer release starts on it (Kafka upgrades a KRaft log from 3.3 on in place), an older one
+is refused with the two ways out. ``up`` writes a KRaft ``server.properties`` (one
 node, combined broker and controller, 127.0.0.1 only), formats the storage on first
 use, starts ``kafka.Kafka`` as a detached process whose pid is kept in a file, and
 waits until the broker answers a metadata request. ``down`` sends SIGTERM (a clean
@@ -83,6 +89,20 @@ from arbiter.edge.settings import Settings
 
 POM = Path(__file__).resolve().parent / "pom.xml"
 MIN_JAVA = 17
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def _log_binding(version: str) -> list[str]:
+    """Maven properties for the broker's slf4j binding: log4j 2 from Kafka 4 on, reload4j before."""
+    if _release(version) >= (4,):
+        # The slf4j 1.7 binding: Kafka 4 still logs through slf4j-api 1.7.36, as its distribution ships.
+        group, artifact, at = "org.apache.logging.log4j", "log4j-slf4j-impl", "2.25.5"
+    else:
+        group, artifact, at = "org.slf4j", "slf4j-reload4j", "1.7.36"
+    return [f"-Dlog.groupId={group}", f"-Dlog.artifactId={artifact}", f"-Dlog.version={at}"]
 
 
 class LocalKafkaError(RuntimeError):
@@ -279,6 +299,10 @@ class Node:
         return self.root / "log4j.properties"
 
     @property
+    def log4j2(self) -> Path:
+        return self.root / "log4j2.properties"
+
+    @property
     def pid_file(self) -> Path:
         return self.root / "kafka.pid"
 
@@ -302,7 +326,8 @@ class LocalKafka:
         self.settings = settings
         self.say = say
         self.root = (settings.home / "kafka").resolve()
-        self.libs = self.root / "libs"
+        self.version = settings.kafka_version
+        self.libs = self.root / "libs" / self.version
         self.nodes_file = self.root / "arbiter-nodes"
         self._log_marks: dict[int, dict[str, int]] = {}
         """Per node started by this ``up``, its logs' sizes before: where this start's lines begin."""
@@ -317,6 +342,7 @@ class LocalKafka:
         self.config = first.config
         self.pid_file = first.pid_file
         self.mode_file = self.data / "arbiter-mode"
+        self.version_file = self.data / "arbiter-kafka-version"
         self.credentials_file = credentials_path(settings.home.resolve())
         self.bootstrap = ",".join(node.address for node in self.node_list)
 
@@ -341,29 +367,38 @@ class LocalKafka:
 
     # -- fetch -----------------------------------------------------------------------
 
+    def _jar_stamp(self) -> str:
+        return hashlib.sha256(POM.read_bytes() + self.version.encode()).hexdigest()
+
+    def jars_current(self) -> bool:
+        """The jars of this pom and release are in ``libs`` (nothing to fetch)."""
+        stamp = self.libs / ".pom-sha256"
+        return stamp.exists() and stamp.read_text().strip() == self._jar_stamp()
+
     def fetch(self) -> None:
         """Copy the broker's jars from Maven Central, unless the pinned ones are here."""
         if not POM.exists():
             raise LocalKafkaError(f"{POM} is missing; run Arbiter from its source tree (pip install -e .)")
-        stamp = self.libs / ".pom-sha256"
-        want = hashlib.sha256(POM.read_bytes()).hexdigest()
-        if stamp.exists() and stamp.read_text().strip() == want:
+        if self.jars_current():
             return
+        stamp, want = self.libs / ".pom-sha256", self._jar_stamp()
         mvn = shutil.which("mvn")
         if not mvn:
             raise LocalKafkaError("Maven (mvn) is needed once, to fetch the Kafka broker's jars; install it")
-        self.say("fetching the Kafka broker's jars from Maven Central (once)...")
+        self.say(f"fetching the jars of Kafka {self.version} from Maven Central (once)...")
         if self.libs.exists():
             shutil.rmtree(self.libs)
         self.libs.mkdir(parents=True)
         proc = subprocess.run(
-            [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies", f"-Darbiter.libs={self.libs}"],
+            [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies", f"-Darbiter.libs={self.libs}",
+             f"-Dkafka.version={self.version}", *_log_binding(self.version)],
             capture_output=True,
             text=True,
             check=False,
         )
         if proc.returncode != 0:
-            raise LocalKafkaError("Maven could not fetch the broker's jars", (proc.stdout + proc.stderr)[-4000:])
+            raise LocalKafkaError(f"Maven could not fetch the jars of Kafka {self.version} (ARBITER_KAFKA_VERSION)",
+                                  (proc.stdout + proc.stderr)[-4000:])
         if not list(self.libs.glob("kafka_*.jar")):
             raise LocalKafkaError(f"Maven ran, but no broker jar arrived in {self.libs}",
                                   (proc.stdout + proc.stderr)[-4000:])
@@ -551,6 +586,25 @@ class LocalKafka:
             "log4j.logger.state.change.logger": "WARN",
         }
         node.log4j.write_text("".join(f"{k}={v}\n" for k, v in log4j.items()))
+        log4j2 = {  # Kafka 4: the same file, size and levels in log4j 2's terms
+            "status": "warn",
+            "appender.file.type": "RollingFile",
+            "appender.file.name": "file",
+            "appender.file.fileName": str(node.logs / "server.log"),
+            "appender.file.filePattern": str(node.logs / "server.log.%i"),
+            "appender.file.layout.type": "PatternLayout",
+            "appender.file.layout.pattern": "[%d] %p %m (%c)%n",
+            "appender.file.policies.type": "Policies",
+            "appender.file.policies.size.type": "SizeBasedTriggeringPolicy",
+            "appender.file.policies.size.size": "20MB",
+            "appender.file.strategy.type": "DefaultRolloverStrategy",
+            "appender.file.strategy.max": "3",
+            "rootLogger.level": "INFO",
+            "rootLogger.appenderRef.file.ref": "file",
+            "logger.state.name": "state.change.logger",
+            "logger.state.level": "WARN",
+        }
+        node.log4j2.write_text("".join(f"{k}={v}\n" for k, v in log4j2.items()))
 
     def _secure_props(self, admin_password: str) -> dict[str, str]:
         s = self.settings
@@ -611,6 +665,7 @@ class LocalKafka:
                 [
                     java,
                     f"-Dlog4j.configuration=file:{node.log4j}",
+                    f"-Dlog4j2.configurationFile={node.log4j2}",
                     "-cp",
                     self._classpath(),
                     "kafka.tools.StorageTool",
@@ -629,6 +684,8 @@ class LocalKafka:
             out, _ = proc.communicate()
             if proc.returncode != 0:
                 raise LocalKafkaError(f"formatting the Kafka storage{self._label(node)} failed", out)
+        for node in todo:
+            (node.data / "arbiter-kafka-version").write_text(f"{self.version}\n")
         self.mode_file.write_text(f"{mode}\n")
         self.nodes_file.write_text(f"{self.nodes}\n")
 
@@ -681,6 +738,7 @@ class LocalKafka:
                 if _port_open(port):
                     hint = "; use --bootstrap to use it" if port == node.port else ""
                     raise LocalKafkaError(f"127.0.0.1:{port} is already in use by another process{hint}")
+        self._check_version(down)
         java = _java()
         self.fetch()
         for node in down:
@@ -699,6 +757,21 @@ class LocalKafka:
         self._log_marks = {node.id: self._log_sizes(node) for node in down}
         started = {node.id: self._start(java, node) for node in down}
         return self._wait_ready(started, timeout, options=options)
+
+    def _check_version(self, nodes: list[Node]) -> None:
+        """Refuse to start a release older than the one a node's storage was formatted (or last run) by."""
+        for node in nodes:
+            if not (node.data / "meta.properties").exists():
+                continue
+            stamp = node.data / "arbiter-kafka-version"
+            recorded = stamp.read_text().strip() if stamp.exists() else "3.9.1"
+            if _release(recorded) > _release(self.version):
+                raise LocalKafkaError(
+                    f"the Kafka data in {node.data} was written by Kafka {recorded}, and {self.version} is older: "
+                    f"set ARBITER_KAFKA_VERSION={recorded}, or delete the data with `arbiter kafka reset`")
+            if recorded != self.version:
+                self.say(f"upgrading the Kafka data in {node.data} from {recorded} to {self.version} (in place)")
+                stamp.write_text(f"{self.version}\n")
 
     @staticmethod
     def _log_sizes(node: Node) -> dict[str, int]:
@@ -752,6 +825,7 @@ class LocalKafka:
             "-XX:MaxGCPauseMillis=20",
             "-Djava.awt.headless=true",
             f"-Dlog4j.configuration=file:{node.log4j}",
+            f"-Dlog4j2.configurationFile={node.log4j2}",
             f"-Dkafka.logs.dir={node.logs}",
             "-cp",
             self._classpath(),

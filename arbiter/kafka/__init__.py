@@ -306,8 +306,16 @@ class Node:
     def pid_file(self) -> Path:
         return self.root / "kafka.pid"
 
+    @property
+    def version_file(self) -> Path:
+        """The Kafka release that formatted (or last ran) this node's storage."""
+        return self.data / "arbiter-kafka-version"
+
 
 MAX_NODES = 9
+
+UNRECORDED_RELEASE = "3.9.1"
+"""The release that wrote a node's storage when no ``version_file`` says: the last one before it was recorded."""
 
 BROKER_SESSION_TIMEOUT_MS = 2000
 """A cluster's active controller fences a node this long after its last heartbeat (Kafka: 9 s): its
@@ -342,7 +350,6 @@ class LocalKafka:
         self.config = first.config
         self.pid_file = first.pid_file
         self.mode_file = self.data / "arbiter-mode"
-        self.version_file = self.data / "arbiter-kafka-version"
         self.credentials_file = credentials_path(settings.home.resolve())
         self.bootstrap = ",".join(node.address for node in self.node_list)
 
@@ -370,9 +377,14 @@ class LocalKafka:
     def _jar_stamp(self) -> str:
         return hashlib.sha256(POM.read_bytes() + self.version.encode()).hexdigest()
 
+    @property
+    def jar_stamp_file(self) -> Path:
+        """Where ``fetch`` records which pom and release the jars in ``libs`` are of."""
+        return self.libs / ".pom-sha256"
+
     def jars_current(self) -> bool:
         """The jars of this pom and release are in ``libs`` (nothing to fetch)."""
-        stamp = self.libs / ".pom-sha256"
+        stamp = self.jar_stamp_file
         return stamp.exists() and stamp.read_text().strip() == self._jar_stamp()
 
     def fetch(self) -> None:
@@ -381,7 +393,7 @@ class LocalKafka:
             raise LocalKafkaError(f"{POM} is missing; run Arbiter from its source tree (pip install -e .)")
         if self.jars_current():
             return
-        stamp, want = self.libs / ".pom-sha256", self._jar_stamp()
+        stamp, want = self.jar_stamp_file, self._jar_stamp()
         mvn = shutil.which("mvn")
         if not mvn:
             raise LocalKafkaError("Maven (mvn) is needed once, to fetch the Kafka broker's jars; install it")
@@ -685,7 +697,7 @@ class LocalKafka:
             if proc.returncode != 0:
                 raise LocalKafkaError(f"formatting the Kafka storage{self._label(node)} failed", out)
         for node in todo:
-            (node.data / "arbiter-kafka-version").write_text(f"{self.version}\n")
+            node.version_file.write_text(f"{self.version}\n")
         self.mode_file.write_text(f"{mode}\n")
         self.nodes_file.write_text(f"{self.nodes}\n")
 
@@ -763,8 +775,8 @@ class LocalKafka:
         for node in nodes:
             if not (node.data / "meta.properties").exists():
                 continue
-            stamp = node.data / "arbiter-kafka-version"
-            recorded = stamp.read_text().strip() if stamp.exists() else "3.9.1"
+            stamp = node.version_file
+            recorded = stamp.read_text().strip() if stamp.exists() else UNRECORDED_RELEASE
             if _release(recorded) > _release(self.version):
                 raise LocalKafkaError(
                     f"the Kafka data in {node.data} was written by Kafka {recorded}, and {self.version} is older: "

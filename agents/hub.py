@@ -10,26 +10,23 @@ inbox. Different settings get different hubs. Hubs belong to an event loop: a hu
 only found from the loop that made it, so one from a closed loop is never reused.
 The first client to join starts the hub; the last to leave closes it.
 
-The consumer is assigned the union of the inbox partitions its agents' ids land on
-(``arbiter.schemas.partitioning``, the workers' rule), committed records only. The reader
-looks each record's key up in a dict of the agents that joined; a record for any
-other agent is skipped there, never decoded or verified. A joined agent's records go
-to its ``Member.deliver``, which decodes, verifies and counts forgeries for that agent
-alone (``arbiter.agents.transport``). Delivery is in order and one at a time, so a record
-signed by a key the registry does not know yet holds the reader (every agent of the
-hub) while the feed catches up: one round trip, five seconds at most.
+The reader (``arbiter.edge.kafkaio``: librdkafka by default) reads the union of the inbox
+partitions its agents' ids land on (``arbiter.schemas.partitioning``, the workers' rule),
+committed records only. The hub looks each record's key up in a dict of the agents that
+joined; a record for any other agent is skipped there, never decoded or verified. A joined
+agent's records go to its ``Member.deliver``, which decodes, verifies and counts forgeries
+for that agent alone (``arbiter.agents.transport``). Delivery is in order and one at a
+time, so a record signed by a key the registry does not know yet holds the reader (every
+agent of the hub) while the feed catches up: one round trip, five seconds at most.
 
 Joining pins the agent's start before ``join`` returns, so no outcome of a command it
 sends afterwards is missed. ``join`` asks for the end offset of the agent's partition,
-and the agent gets only records from that offset on: on a partition it already reads,
-the reader may still be behind it, and what it reads there first is from before the
-agent started. A partition no one read yet is added to the assignment at that offset.
-``assign`` replaces a whole assignment and forgets its positions, so the hub keeps its
-own: for each assigned partition, the offset after the last record ``getmany`` handed
-the reader, recorded before any of them is dispatched. A new assignment seeks every
-partition back to that offset, in the same step with no await between (the reader
-cannot fetch in between), so the partitions already read lose and repeat nothing. A
-partition whose last agent leaves is dropped the same way.
+and the agent gets only records from that offset on: on a partition the reader already
+reads, it may still be behind that offset, and what it reads there first is from before
+the agent started. A partition no one read yet is added to the reader at that offset, in
+the same step with no await between. The reader keeps each partition's position itself and
+hands out each record once, in order, however partitions are added and dropped around it
+(``arbiter.edge.kafkaio``); a partition whose last agent leaves is dropped.
 """
 
 from __future__ import annotations
@@ -38,12 +35,9 @@ import asyncio
 import logging
 import weakref
 from collections import Counter
-from typing import Any, Protocol
+from typing import Protocol
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-
-from arbiter.edge.kafkaauth import kafka_client_options
-from arbiter.edge.kafkaconn import close_client
+from arbiter.edge.kafkaio import Reader, Received, Sender, reader_for, sender_for
 from arbiter.edge.keys import anchors_for
 from arbiter.edge.registryfeed import RegistryFeed
 from arbiter.edge.settings import Settings
@@ -56,8 +50,8 @@ log = logging.getLogger(__name__)
 class Member(Protocol):
     """What the reader hands an agent's inbox records to."""
 
-    async def deliver(self, message: Any) -> None:
-        """Handle one raw inbox message keyed by this agent (an aiokafka ``ConsumerRecord``)."""
+    async def deliver(self, message: Received) -> None:
+        """Handle one raw inbox record keyed by this agent."""
 
 
 HubKey = tuple[object, ...]
@@ -71,7 +65,8 @@ def hub_key(settings: Settings) -> HubKey:
         if settings.verify_signatures else ()
     return (settings.bootstrap, settings.kafka_security_protocol, settings.kafka_sasl_mechanism,
             settings.kafka_username, settings.kafka_password, settings.topics.agent_inbox,
-            settings.topics.registry, settings.verify_signatures, anchors, settings.max_message_bytes)
+            settings.topics.registry, settings.verify_signatures, anchors, settings.max_message_bytes,
+            settings.kafka_client, settings.send_retry_seconds)
 
 
 async def join(settings: Settings, agent_id: str, member: Member) -> InboxHub:
@@ -102,18 +97,20 @@ class InboxHub:
         self.key = key
         self.refs = 0
         """Clients that joined, or are joining, and have not left."""
-        self.producer: AIOKafkaProducer | None = None
-        self.consumer: AIOKafkaConsumer | None = None
+        self.sender: Sender | None = None
+        """Every agent's commands go out through this one."""
+        self.reader: Reader | None = None
         self.feed: RegistryFeed | None = None
         """The registry the workers' signatures are checked against; None when verification is off."""
         self.members: dict[bytes, list[tuple[Member, int]]] = {}
         """Per inbox key (agent id): who gets its records, and from which offset on."""
-        self._agents_on: Counter[TopicPartition] = Counter()
-        self._next: dict[TopicPartition, int] = {}
-        """The partitions to read, each with the offset after the last record the reader was handed."""
+        self._agents_on: Counter[int] = Counter()
+        """Per inbox partition: how many joined agents' ids land on it."""
         self._partitions = 0
         self._starting: asyncio.Task[None] | None = None
-        self._reader: asyncio.Task[None] | None = None
+        self._reading: asyncio.Task[None] | None = None
+        self.closed = False
+        """Whether the last client left and the Kafka clients are closed."""
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -125,41 +122,22 @@ class InboxHub:
 
     async def _start(self) -> None:
         settings = self.settings
-        kafka = kafka_client_options(settings)
         try:
             if settings.verify_signatures:
                 registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
                 self.feed = RegistryFeed(registry, settings)
                 await self.feed.start()
-            # A front door sends for a thousand agents through this one producer: a batch as large
-            # as a request (not aiokafka's 16 KiB) keeps a burst from queueing sends behind full batches.
-            self.producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all", linger_ms=0,
-                                             max_request_size=2 * settings.max_message_bytes,
-                                             max_batch_size=2 * settings.max_message_bytes, **kafka)
-            await self.producer.start()
-            self._partitions = len(await self.producer.partitions_for(settings.topics.agent_inbox))
-            self.consumer = AIOKafkaConsumer(
-                bootstrap_servers=settings.bootstrap,
-                enable_auto_commit=False,
-                fetch_max_wait_ms=50,
-                group_id=None,
-                # Under exactly_once, workers write in transactions: never act on an aborted one.
-                isolation_level="read_committed",
-                **kafka,
-            )
-            await self.consumer.start()
-            # Every inbox partition assigned, and paused until an agent on it joins: the reader then
-            # fetches only its agents' partitions, and the metadata asked for is the inbox topic's alone
-            # (an empty assignment would ask for the whole cluster's).
-            every = [TopicPartition(settings.topics.agent_inbox, p) for p in range(self._partitions)]
-            self.consumer.assign(every)
-            self.consumer.pause(*every)
+            self.sender = sender_for(settings)
+            await self.sender.start()
+            self._partitions = await self.sender.partitions(settings.topics.agent_inbox)
+            self.reader = reader_for(settings)
+            await self.reader.start()
         except BaseException:
             self._forget()  # later clients start a new hub; the joiners waiting on this one release it
             await self._close_clients()  # what did start is closed, not left for the garbage collector
             raise
-        self._reader = asyncio.create_task(self._read(), name="arbiter-inbox")
-        self._reader.add_done_callback(self._reader_ended)
+        self._reading = asyncio.create_task(self._read(), name="arbiter-inbox")
+        self._reading.add_done_callback(self._reader_ended)
 
     async def release(self) -> None:
         """One client less; the last one closes the Kafka clients."""
@@ -169,20 +147,18 @@ class InboxHub:
         self._forget()
         if self._starting is not None and not self._starting.done():
             self._starting.cancel()
-        tasks = [task for task in (self._starting, self._reader) if task is not None]
-        if self._reader is not None:
-            self._reader.cancel()
+        tasks = [task for task in (self._starting, self._reading) if task is not None]
+        if self._reading is not None:
+            self._reading.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._close_clients()
 
     async def _close_clients(self) -> None:
-        consumer, producer, feed = self.consumer, self.producer, self.feed
-        closing = [close_client(consumer) if consumer is not None else None,
-                   close_client(producer) if producer is not None else None,
-                   feed.stop() if feed is not None else None]
-        for failed in await asyncio.gather(*(c for c in closing if c is not None), return_exceptions=True):
+        closing = [client.stop() for client in (self.reader, self.sender, self.feed) if client is not None]
+        for failed in await asyncio.gather(*closing, return_exceptions=True):
             if isinstance(failed, Exception):  # (closing after a failed start: the start's error is the news)
                 log.debug("closing an inbox hub's client failed: %r", failed)
+        self.closed = True
 
     def _forget(self) -> None:
         """No new client finds this hub any more."""
@@ -192,20 +168,18 @@ class InboxHub:
 
     # -- membership -------------------------------------------------------------------
 
-    def partition_of(self, agent_id: str) -> TopicPartition:
-        """The inbox partition ``agent_id``'s records land on."""
-        return TopicPartition(self.settings.topics.agent_inbox, partition_for(agent_id.encode(), self._partitions))
+    def partition_of(self, agent_id: str) -> tuple[str, int]:
+        """The inbox partition ``agent_id``'s records land on, as (topic, partition)."""
+        return self.settings.topics.agent_inbox, partition_for(agent_id.encode(), self._partitions)
 
     async def add(self, agent_id: str, member: Member) -> None:
         """Hand ``member`` ``agent_id``'s inbox records from the partition's current end on."""
-        assert self.consumer is not None
-        tp = self.partition_of(agent_id)
-        end = (await self.consumer.end_offsets([tp]))[tp]
-        # No await from here on: the reader cannot run in between.
-        if tp not in self._next:
-            self._next[tp] = end
-            self._assign()
-        self._agents_on[tp] += 1
+        assert self.reader is not None
+        topic, partition = self.partition_of(agent_id)
+        end = await self.reader.end_offset(topic, partition)
+        # No await from here on: the reader hands out nothing in between.
+        self.reader.add(topic, partition, end)  # (a partition read already keeps its position)
+        self._agents_on[partition] += 1
         self.members.setdefault(agent_id.encode(), []).append((member, end))
 
     async def leave(self, agent_id: str, member: Member) -> None:
@@ -217,30 +191,16 @@ class InboxHub:
                 self.members[key] = rest
             else:
                 del self.members[key]
-            self._agents_on[self.partition_of(agent_id)] -= 1
-            idle = [tp for tp in self._next if self._agents_on[tp] <= 0]
-            if idle and len(idle) < len(self._next):  # the last one stays: the hub closes, or reuses it
-                for tp in idle:
-                    del self._next[tp]
-                self._assign()
+            topic, partition = self.partition_of(agent_id)
+            self._agents_on[partition] -= 1
+            if self._agents_on[partition] <= 0 and self.reader is not None:
+                del self._agents_on[partition]
+                self.reader.drop(topic, partition)
         await self.release()
 
-    def assignment(self) -> set[TopicPartition]:
-        """The inbox partitions the reader reads."""
-        if self.consumer is None:
-            return set()
-        return set(self.consumer.assignment()) - set(self.consumer.paused())
-
-    def _assign(self) -> None:
-        """Read exactly the partitions in ``_next``: each newly read one from its offset, the others
-        paused (synchronous: no record is lost or repeated on the partitions already read)."""
-        assert self.consumer is not None
-        reading = self.assignment()
-        for tp in reading - set(self._next):
-            self.consumer.pause(tp)
-        for tp in set(self._next) - reading:
-            self.consumer.seek(tp, self._next[tp])
-            self.consumer.resume(tp)
+    def assignment(self) -> set[tuple[str, int]]:
+        """The inbox partitions the reader reads, as (topic, partition)."""
+        return self.reader.reading() if self.reader is not None else set()
 
     # -- the reader -------------------------------------------------------------------
 
@@ -251,23 +211,18 @@ class InboxHub:
                       exc_info=reader.exception())
 
     async def _read(self) -> None:
-        consumer = self.consumer
-        assert consumer is not None
+        reader = self.reader
+        assert reader is not None
         while True:
-            batches = await consumer.getmany(timeout_ms=1000)
-            for tp, messages in batches.items():
-                if tp in self._next:
-                    self._next[tp] = messages[-1].offset + 1
-            for messages in batches.values():
-                for message in messages:
-                    entries = self.members.get(message.key)
-                    if not entries:
-                        continue  # another agent's: not decoded, not verified
-                    for member, since in tuple(entries):
-                        if message.offset < since:
-                            continue  # appended before this agent started
-                        try:
-                            await member.deliver(message)
-                        except Exception:  # one client's failure must not stop the others' inbox
-                            log.exception("inbox record at %s[%d]@%d failed for %r", message.topic,
-                                          message.partition, message.offset, message.key)
+            for message in await reader.read(1.0):
+                entries = self.members.get(message.key) if message.key is not None else None
+                if not entries:
+                    continue  # another agent's: not decoded, not verified
+                for member, since in tuple(entries):
+                    if message.offset < since:
+                        continue  # appended before this agent started
+                    try:
+                        await member.deliver(message)
+                    except Exception:  # one client's failure must not stop the others' inbox
+                        log.exception("inbox record at %s[%d]@%d failed for %r", message.topic,
+                                      message.partition, message.offset, message.key)

@@ -34,6 +34,7 @@ from arbiter.agents.errors import ArbiterError, ArbiterUnavailable
 from arbiter.agents.identities import ensure_identity
 from arbiter.edge.clock import now_ms
 from arbiter.edge.kafkaconn import describe
+from arbiter.edge.kafkaio import KafkaIOError, Received
 from arbiter.edge.keys import key_file, signer_for
 from arbiter.edge.registryfeed import RegistryFeed
 from arbiter.edge.settings import Settings
@@ -101,7 +102,7 @@ class KafkaTransport:
             if self._signer is None:
                 self._signer = await self._identity()  # (enrolling reads the registry from Kafka)
             hub = await hubs.join(self.settings, self.agent_id, self)
-        except KafkaError as exc:
+        except (KafkaError, KafkaIOError) as exc:  # (enrolling and the registry feed are on aiokafka)
             raise ArbiterUnavailable(f"Kafka at {self.settings.bootstrap} could not be reached: "
                                      f"{describe(exc)}") from exc
         self._feed = hub.feed
@@ -115,7 +116,7 @@ class KafkaTransport:
 
     async def send(self, topic: str, key: str, record: Record) -> None:
         """Encode ``record`` and send it to ``topic`` under ``key``; return once the broker has it."""
-        if self.hub is None or self.hub.producer is None:
+        if self.hub is None or self.hub.sender is None:
             raise RuntimeError(_NOT_STARTED)
         value = self.codec.encode(record)
         raw_key = key.encode()
@@ -126,24 +127,24 @@ class KafkaTransport:
         delay = 0.05
         while True:
             try:
-                # aiokafka holds a send while no broker answers (up to its request timeout, 40 s):
-                # bound it by this call's deadline. (``asyncio.timeout``, not ``wait_for``: that wraps
-                # every send in a task of its own, ~25-40 us a call here against ~8.)
+                # A client holds a send while no broker answers (aiokafka up to its request timeout,
+                # 40 s): bound it by this call's deadline. (``asyncio.timeout``, not ``wait_for``: that
+                # wraps every send in a task of its own, ~25-40 us a call here against ~8.)
                 async with asyncio.timeout(max(0.05, deadline - time.monotonic())):
-                    await self.hub.producer.send_and_wait(topic, key=raw_key, value=value, headers=headers)
+                    await self.hub.sender.send(topic, raw_key, value, headers)
                 return
             except TimeoutError:
                 raise ArbiterUnavailable(
                     f"Kafka did not take {type(record).__name__} within {self.settings.send_retry_seconds:g} s "
                     "(no broker answered); it may or may not have reached the log") from None
-            except KafkaError as exc:
+            except KafkaIOError as exc:
                 if not exc.retriable:
                     raise ArbiterError(f"Kafka refused {type(record).__name__} on {topic}: "
-                                       f"{type(exc).__name__}: {exc}") from exc
+                                       f"{exc}") from exc
                 if time.monotonic() + delay > deadline:
                     raise ArbiterUnavailable(
                         f"Kafka did not take {type(record).__name__} within {self.settings.send_retry_seconds:g} s "
-                        f"({type(exc).__name__}: {exc}); it may or may not have reached the log") from exc
+                        f"({exc}); it may or may not have reached the log") from exc
                 log.info("sending %s failed (%s); retrying in %.2f s", type(record).__name__, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
@@ -155,12 +156,14 @@ class KafkaTransport:
 
     async def inbox_end(self) -> int:
         """The offset the next record of this agent's inbox partition will get."""
-        if self.hub is None or self.hub.consumer is None:
+        if self.hub is None or self.hub.reader is None:
             raise RuntimeError(_NOT_STARTED)
-        tp = self.hub.partition_of(self.agent_id)
-        return int((await self.hub.consumer.end_offsets([tp]))[tp])
+        try:
+            return await self.hub.reader.end_offset(*self.hub.partition_of(self.agent_id))
+        except KafkaIOError as exc:
+            raise ArbiterUnavailable(f"Kafka at {self.settings.bootstrap}: {exc}") from exc
 
-    async def deliver(self, message: Any) -> None:
+    async def deliver(self, message: Received) -> None:
         """One inbox message keyed by this agent (the hub's reader calls this): decode, verify, hand on."""
         record = await self.verify(message)
         if record is not None:

@@ -8,6 +8,7 @@ clients on every partition through the shared reader.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -122,15 +123,16 @@ async def test_clients_with_one_set_of_settings_share_one_producer_feed_and_read
         await same_partition.start()
         await unverified.start()
         assert b.hub is hub and same_partition.hub is hub and hub.refs == 3
-        assert hub.producer is not None and hub.feed is not None and hub.consumer is not None
-        assert {p.partition for p in hub.assignment()} == {0, 1}  # the union of its agents' partitions
+        assert hub.sender is not None and hub.feed is not None and hub.reader is not None
+        assert {p for _, p in hub.assignment()} == {0, 1}  # the union of its agents' partitions
         assert unverified.hub is not hub and unverified.hub is not None and unverified.hub.feed is None
         assert len(this_loops_hubs()) == 2
     finally:
         for each in (a, b, same_partition, unverified):
             await each.close()
     assert hub.refs == 0 and this_loops_hubs() == {}
-    assert hub.consumer is not None and hub.consumer._closed  # the last one out closed the Kafka clients
+    assert hub.closed  # the last one out closed the Kafka clients, and their threads ended
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("arbiter-kafka")]
     fresh = transport(kafka_settings, "again")
     await fresh.start()
     try:
@@ -296,7 +298,7 @@ async def test_clients_on_every_partition_get_their_grants(kafka_settings: Setti
     try:
         hub = clients[0]._transport.hub
         assert hub is not None and all(client._transport.hub is hub for client in clients)
-        assert {p.partition for p in hub.assignment()} == {0, 1}
+        assert {p for _, p in hub.assignment()} == {0, 1}
 
         async def work(client: ArbiterClient) -> int:
             tokens = []

@@ -64,6 +64,23 @@ def kafka_client_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
+def rdkafka_options(settings: Settings) -> dict[str, Any]:
+    """librdkafka configuration properties (producer, consumer) for ``settings``: the same login
+    as :func:`kafka_client_options`. ``SASL_SSL`` trusts the system's CA certificates (``probe``)."""
+    options = kafka_client_options(settings)
+    if not options:
+        return {}
+    rd: dict[str, Any] = {
+        "security.protocol": options["security_protocol"],
+        "sasl.mechanism": options["sasl_mechanism"],
+        "sasl.username": options["sasl_plain_username"],
+        "sasl.password": options["sasl_plain_password"],
+    }
+    if settings.kafka_security_protocol == "SASL_SSL":
+        rd["ssl.ca.location"] = "probe"
+    return rd
+
+
 def faust_credentials(settings: Settings) -> dict[str, Any] | None:
     """What faust's ``SASLCredentials`` needs, or None for ``PLAINTEXT``.
 

@@ -1,0 +1,153 @@
+"""The Kafka seam: the few operations the SDK and the front door need, behind one interface.
+
+Theory of operation
+-------------------
+Two implementations sit behind it, chosen by the ``kafka_client`` setting: ``librdkafka``
+(confluent-kafka, the default; :mod:`.rdkafka`) and ``aiokafka`` (:mod:`.aio`). The same
+contract suite (``tests/test_kafkaio_contract.py``) runs against both on a real broker.
+
+A :class:`Sender` sends one record and returns once every in-sync replica has it; keys go to
+partitions by Kafka's Java rule (murmur2, :func:`arbiter.schemas.partitioning.partition_for`),
+so a key's records land where the workers and the SDK look for them.
+
+A :class:`Reader` reads an assignment it is told record by record: :meth:`Reader.add` starts a
+partition at an offset, :meth:`Reader.drop` stops it, both synchronous, so a caller decides
+its positions with no await in between. The reader keeps each partition's next offset itself
+and hands out only records at or after it, so a batch fetched before an ``add`` or a ``drop``
+took effect is never handed out twice, out of order, or for a partition no longer read.
+Committed records only (``read_committed``): workers under ``exactly_once`` write in
+transactions, and an aborted one is never acted on.
+
+Errors are :class:`KafkaIOError`, with ``retriable`` saying whether the same call may succeed
+later (a broker restarting, a leader moving) or never will (a record too large, no access).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from ..settings import Settings
+
+Headers = list[tuple[str, bytes]]
+
+METADATA_TIMEOUT_S = 10.0
+"""How long a metadata or offsets request may take before it counts as Kafka unreachable."""
+
+CLIENTS = ("librdkafka", "aiokafka")
+"""The implementations behind the seam, by their ``kafka_client`` setting."""
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One record read from a partition (the attributes ``verify`` and the door use)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    timestamp: int
+    """Milliseconds since the epoch: the producer's create time, or the broker's append time."""
+
+
+class KafkaIOError(Exception):
+    """A Kafka operation failed; ``retriable`` says whether trying again may help."""
+
+    def __init__(self, message: str, *, retriable: bool) -> None:
+        super().__init__(message)
+        self.retriable = retriable
+
+
+class Sender(Protocol):
+    """Sends records, each acknowledged by every in-sync replica before ``send`` returns."""
+
+    async def start(self) -> None:
+        """Connect; raises ``KafkaIOError`` when no broker answers."""
+
+    async def stop(self) -> None:
+        """Wait briefly for records in flight, then disconnect."""
+
+    async def partitions(self, topic: str) -> int:
+        """How many partitions ``topic`` has (``KafkaIOError`` if it does not exist)."""
+
+    async def send(self, topic: str, key: bytes, value: bytes, headers: Headers | None) -> None:
+        """Append one record to the partition ``key`` maps to; return once it is acknowledged."""
+
+
+class Reader(Protocol):
+    """Reads the committed records of the partitions it is told, each from an offset it is told."""
+
+    async def start(self) -> None:
+        """Connect; raises ``KafkaIOError`` when no broker answers."""
+
+    async def stop(self) -> None:
+        """Disconnect."""
+
+    async def end_offset(self, topic: str, partition: int) -> int:
+        """The offset after the partition's last committed record (its last stable offset)."""
+
+    def add(self, topic: str, partition: int, offset: int) -> None:
+        """Read ``partition`` from ``offset`` on (from where it is, if it is read already)."""
+
+    def drop(self, topic: str, partition: int) -> None:
+        """Stop reading ``partition``; no record of it is handed out after this returns."""
+
+    def reading(self) -> set[tuple[str, int]]:
+        """The partitions being read."""
+
+    async def read(self, timeout: float) -> list[Received]:
+        """The next records of the partitions read, in offset order per partition (waits at most
+        ``timeout`` seconds for the first; empty if none came)."""
+
+
+class Positions:
+    """Each read partition's next offset: the filter both readers hand records through."""
+
+    __slots__ = ("next",)
+
+    def __init__(self) -> None:
+        self.next: dict[tuple[str, int], int] = {}
+
+    def add(self, topic: str, partition: int, offset: int) -> bool:
+        """Start a partition at ``offset``; False if it is read already (it keeps its position)."""
+        if (topic, partition) in self.next:
+            return False
+        self.next[(topic, partition)] = offset
+        return True
+
+    def drop(self, topic: str, partition: int) -> bool:
+        """Forget a partition; False if it was not read."""
+        return self.next.pop((topic, partition), None) is not None
+
+    def admit(self, record: Received) -> bool:
+        """Whether ``record`` is the read partition's next (and advance past it)."""
+        tp = (record.topic, record.partition)
+        expected = self.next.get(tp)
+        if expected is None or record.offset < expected:
+            return False
+        self.next[tp] = record.offset + 1
+        return True
+
+
+def sender_for(settings: Settings) -> Sender:
+    """The ``kafka_client`` setting's sender for ``settings``."""
+    if settings.kafka_client == "aiokafka":
+        from .aio import AioSender
+
+        return AioSender(settings)
+    from .rdkafka import RdSender
+
+    return RdSender(settings)
+
+
+def reader_for(settings: Settings) -> Reader:
+    """The ``kafka_client`` setting's reader for ``settings``."""
+    if settings.kafka_client == "aiokafka":
+        from .aio import AioReader
+
+        return AioReader(settings)
+    from .rdkafka import RdReader
+
+    return RdReader(settings)

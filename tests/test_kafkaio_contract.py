@@ -1,0 +1,202 @@
+"""The Kafka seam's contract (``arbiter.edge.kafkaio``), against the real broker, for every client behind it.
+
+What the SDK and the front door rely on: a send returns once the record is in the log, on the
+partition Kafka's Java rule (and the workers) give its key; a read hands out each record of
+the partitions added, from the offset given, once and in order, however partitions are added
+and dropped around it; aborted transactions are never read; the end offset is where the next
+record goes; refusals say whether trying again can help; no broker is a prompt error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from arbiter.edge.kafkaio import CLIENTS, KafkaIOError, Reader, Received, Sender, reader_for, sender_for
+from arbiter.edge.settings import Settings
+from arbiter.schemas.partitioning import partition_for
+
+pytestmark = pytest.mark.kafka
+
+WAIT_S = 20.0
+
+
+@pytest.fixture(params=CLIENTS)
+def settings(request: pytest.FixtureRequest, kafka_settings: Settings) -> Settings:
+    return kafka_settings.model_copy(update={"kafka_client": request.param})
+
+
+@pytest.fixture
+async def sender(settings: Settings) -> AsyncIterator[Sender]:
+    each = sender_for(settings)
+    await each.start()
+    yield each
+    await each.stop()
+
+
+@pytest.fixture
+async def reader(settings: Settings) -> AsyncIterator[Reader]:
+    each = reader_for(settings)
+    await each.start()
+    yield each
+    await each.stop()
+
+
+async def read_until(reader: Reader, count: int, timeout: float = WAIT_S) -> list[Received]:
+    """Read until ``count`` records came (or the time is up), then a little longer for any extra."""
+    got: list[Received] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        got.extend(await reader.read(0.2))
+    got.extend(await reader.read(0.3))  # anything handed out twice or too many shows up here
+    return got
+
+
+def key_on(partition: int, prefix: str = "k") -> bytes:
+    names = (f"{prefix}-{i}".encode() for i in range(1000))
+    return next(name for name in names if partition_for(name, 2) == partition)
+
+
+async def test_a_record_sent_is_read_back_whole_on_its_keys_partition(settings: Settings, sender: Sender,
+                                                                     reader: Reader) -> None:
+    topic = settings.topics.agent_inbox
+    assert await sender.partitions(topic) == 2
+    ends = {p: await reader.end_offset(topic, p) for p in (0, 1)}
+    for p in (0, 1):
+        reader.add(topic, p, ends[p])
+    keys = [f"agent-{i}".encode() for i in range(20)]
+    before = int(time.time() * 1000)
+    for i, key in enumerate(keys):
+        await sender.send(topic, key, f"value-{i}".encode(), [("sig", bytes([i])), ("empty", b"")])
+    got = await read_until(reader, len(keys))
+    assert sorted(r.key for r in got if r.key is not None) == sorted(keys)
+    for r in got:
+        assert r.key is not None and r.partition == partition_for(r.key, 2), "not Kafka's Java partitioner"
+        i = keys.index(r.key)
+        assert (r.topic, r.value, r.headers) == (topic, f"value-{i}".encode(), [("sig", bytes([i])), ("empty", b"")])
+        assert before - 1000 <= r.timestamp <= int(time.time() * 1000) + 1000
+    for p in (0, 1):
+        offsets = [r.offset for r in got if r.partition == p]
+        assert offsets == list(range(ends[p], ends[p] + len(offsets)))  # in order, none twice
+        assert await reader.end_offset(topic, p) == ends[p] + len(offsets)
+
+
+async def test_a_partition_is_read_from_the_offset_given_and_not_after_it_is_dropped(
+        settings: Settings, sender: Sender, reader: Reader) -> None:
+    topic = settings.topics.agent_inbox
+    key = key_on(0)
+    start = await reader.end_offset(topic, 0)
+    for i in range(10):
+        await sender.send(topic, key, str(i).encode(), None)
+    reader.add(topic, 0, start + 4)
+    assert reader.reading() == {(topic, 0)}
+    assert [r.value for r in await read_until(reader, 6)] == [str(i).encode() for i in range(4, 10)]
+    reader.add(topic, 0, start)  # read already: it keeps its position, nothing is repeated
+    await sender.send(topic, key, b"10", None)
+    assert [r.value for r in await read_until(reader, 1)] == [b"10"]
+    reader.drop(topic, 0)
+    assert reader.reading() == set()
+    await sender.send(topic, key, b"while-dropped", None)
+    assert await reader.read(0.5) == []
+    again = await reader.end_offset(topic, 0)
+    reader.add(topic, 0, again)
+    await sender.send(topic, key, b"after", None)
+    assert [r.value for r in await read_until(reader, 1)] == [b"after"]
+
+
+async def test_adding_and_dropping_another_partition_neither_loses_nor_repeats_a_read_ones_records(
+        settings: Settings, sender: Sender, reader: Reader) -> None:
+    topic = settings.topics.agent_inbox
+    steady, other = key_on(0), key_on(1)
+    reader.add(topic, 0, await reader.end_offset(topic, 0))
+    count, got = 200, []
+
+    async def stream() -> None:
+        for i in range(count):
+            await sender.send(topic, steady, str(i).encode(), None)
+            await sender.send(topic, other, b"x", None)
+
+    writing = asyncio.create_task(stream())
+    churns = 0
+    while not writing.done():
+        reader.add(topic, 1, await reader.end_offset(topic, 1))
+        got.extend(await reader.read(0.01))
+        reader.drop(topic, 1)
+        got.extend(await reader.read(0.01))
+        churns += 1
+    await writing
+    got.extend(await read_until(reader, count - len([r for r in got if r.partition == 0])))
+    assert churns >= 5
+    assert [r.value for r in got if r.partition == 0] == [str(i).encode() for i in range(count)]
+
+
+async def test_aborted_transactions_are_never_read(settings: Settings, reader: Reader) -> None:
+    topic = settings.topics.agent_inbox
+    key = key_on(0)
+    start = await reader.end_offset(topic, 0)
+    reader.add(topic, 0, start)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, transactional_id=f"t-{uuid.uuid4().hex}")
+    await producer.start()
+    try:
+        for outcome in ("aborted", "committed"):
+            await producer.begin_transaction()
+            await producer.send_and_wait(topic, key=key, value=outcome.encode())
+            if outcome == "aborted":
+                await producer.abort_transaction()
+            else:
+                await producer.commit_transaction()
+    finally:
+        await producer.stop()
+    assert [r.value for r in await read_until(reader, 1)] == [b"committed"]
+
+
+async def test_an_open_transaction_is_past_the_end_until_it_commits(settings: Settings, reader: Reader) -> None:
+    topic = settings.topics.agent_inbox
+    start = await reader.end_offset(topic, 0)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, transactional_id=f"t-{uuid.uuid4().hex}")
+    await producer.start()
+    try:
+        await producer.begin_transaction()
+        await producer.send_and_wait(topic, key=key_on(0), value=b"open")
+        assert await reader.end_offset(topic, 0) == start  # the last stable offset
+        await producer.commit_transaction()
+    finally:
+        await producer.stop()
+    deadline = time.monotonic() + WAIT_S  # (the coordinator writes the commit marker after it answers)
+    while (end := await reader.end_offset(topic, 0)) < start + 2 and time.monotonic() < deadline:  # noqa: ASYNC110
+        await asyncio.sleep(0.02)  # (nothing to wait on but the offset itself)
+    assert end == start + 2  # the record and its commit marker
+
+
+async def test_a_record_too_large_is_refused_for_good(settings: Settings, sender: Sender) -> None:
+    with pytest.raises(KafkaIOError) as caught:
+        await sender.send(settings.topics.agent_inbox, b"k", b"x" * (2 * settings.max_message_bytes + 1), None)
+    assert not caught.value.retriable, caught.value
+
+
+async def test_a_topic_that_does_not_exist_is_an_error(settings: Settings, sender: Sender) -> None:
+    with pytest.raises(KafkaIOError):
+        await asyncio.wait_for(sender.partitions(f"no-such-topic-{uuid.uuid4().hex}"), WAIT_S)
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_no_broker_is_a_prompt_error(client: str, tmp_path: object) -> None:
+    nowhere = Settings(bootstrap="127.0.0.1:1", kafka_client=client, home=tmp_path)  # type: ignore[arg-type]
+    sender, reader = sender_for(nowhere), reader_for(nowhere)
+    started = time.monotonic()
+    try:
+        with pytest.raises(KafkaIOError):
+            await sender.start()
+            await sender.partitions("anything")
+        with pytest.raises(KafkaIOError):
+            await reader.start()
+            await reader.end_offset("anything", 0)
+    finally:
+        await sender.stop()
+        await reader.stop()
+    assert time.monotonic() - started < 15

@@ -107,10 +107,13 @@ class AioReader:
         consumer = self._started()
         tp = TopicPartition(topic, partition)
         try:
+            end = int((await consumer.end_offsets([tp]))[tp])
             if topic not in self._topics:  # (so that ``add`` can assign the whole topic at once)
-                found = await consumer._client._wait_on_metadata(topic)
+                found = consumer.partitions_for_topic(topic)  # known: asking for the end fetched the topic's metadata
+                if not found:
+                    raise KafkaIOError(f"no metadata for {topic} after reading its end", retriable=True)
                 self._topics[topic] = len(found)
-            return int((await consumer.end_offsets([tp]))[tp])
+            return end
         except KafkaError as exc:
             raise io_error(exc, f"reading the end of {topic}[{partition}]") from exc
 

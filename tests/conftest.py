@@ -11,9 +11,11 @@ import asyncio
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -21,6 +23,9 @@ from arbiter.edge.settings import Settings, Topics, load_settings
 from arbiter.kafka import broker_answers
 from arbiter.processes import DoorProcess, WorkerPool
 from arbiter.streams.runtime.topics import ensure_topics
+
+if TYPE_CHECKING:
+    from arbiter.audit.log import Log
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -152,12 +157,31 @@ def workers(kafka_settings: Settings) -> Iterator[WorkerPool]:
     pool.stop()
 
 
+async def settled_log(settings: Settings, within: float = 20) -> Log:
+    """The test's whole log, once the decisions of what it holds are on it too.
+
+    An agent's answer and the event it reports are separate records, and the answer can be read
+    first: while the audit finds work still open, and nothing wrong, read the log again (for at
+    most ``within`` seconds; what is still open then is the audit's to report)."""
+    from arbiter.audit import audit
+    from arbiter.audit.log import read_log
+
+    deadline = time.monotonic() + within
+    while True:
+        log = await read_log(settings)
+        partial = await audit(log, settings, complete=False)
+        severities = {f["severity"] for f in partial["findings"]}
+        if "open" not in severities or severities - {"open"} or time.monotonic() > deadline:
+            return log
+        await asyncio.sleep(0.2)
+
+
 async def assert_clean_audit(settings: Settings, archive: Path | None = None) -> dict[str, object]:
     """Audit the test's whole log: zero violations, nothing left open. Optionally keep an archive."""
     from arbiter.audit import audit
-    from arbiter.audit.log import read_log, write_archive
+    from arbiter.audit.log import write_archive
 
-    log = await read_log(settings)
+    log = await settled_log(settings)
     if archive is not None:
         write_archive(archive, log)
     report = await audit(log, settings)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 import time
@@ -80,6 +81,19 @@ EXIT_UNAVAILABLE = 3
 """The worker's exit status when it could not start because Kafka did not answer."""
 BATCH_BYTES = 1024 * 1024
 """Most bytes per produced batch (per partition); a bigger output goes in a batch of its own."""
+
+GC_THRESHOLDS = (20_000, 20, 20)
+"""The collector's thresholds in a worker (CPython's are 700, 10, 10): a young collection once
+20,000 more containers were made than freed, not 700. Reference counting frees nearly all of
+what a decision makes; what survives is state the collector would walk again and again."""
+
+
+def _settle_heap() -> None:
+    """After a restore: collect once, then move everything that survives (the restored state,
+    long-lived) out of the collector's sight, so the young collections stop walking it."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 class ChangelogTable(MutableMapping[bytes, Any]):
@@ -305,6 +319,7 @@ class Worker:
                 log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
             except OSError as exc:  # another worker on this machine has the port: decide anyway, say so
                 log.error("metrics not served: %s:%d: %s", settings.metrics_host, settings.metrics_port, exc)
+        gc.set_threshold(*GC_THRESHOLDS)
         ticker = asyncio.create_task(self._tick_forever(), name="arbiter-ticks")
         lease = self.rules.leases
         log.info("worker %s started: %s, signatures %s; rules: max ttl %g s, max wait %g s, lock order %s, id "
@@ -691,6 +706,8 @@ class Worker:
                 retry.add_done_callback(self._retries.discard)
                 return
             self.owned = set(assigned)
+            if restore:
+                _settle_heap()
             self.metrics.owned.set(len(assigned))
             self.metrics.forget_partitions((tp.topic, tp.partition) for tp in gone)
             log.info("ready: deciding %d partitions (%d restored from %d changelog records) in %.0f ms: %s",

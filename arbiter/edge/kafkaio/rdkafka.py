@@ -155,6 +155,8 @@ class RdSender:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._reports: list[tuple[asyncio.Future[None], KafkaError | None]] = []
+        """Delivery reports a poll served, handed to the loop together when it returns."""
 
     async def start(self) -> None:
         settings = self.settings
@@ -177,8 +179,17 @@ class RdSender:
     def _serve(self) -> None:
         producer = self._producer
         assert producer is not None
+        loop = self._loop
+        assert loop is not None
         while not self._stopping.is_set():
             producer.poll(0.1)
+            if self._reports:  # one wake-up of the loop for all of them, not one each
+                reports, self._reports = self._reports, []
+                loop.call_soon_threadsafe(_settle_all, reports)
+
+    def _report(self, fut: asyncio.Future[None], err: KafkaError | None, _msg: Any) -> None:
+        """librdkafka's delivery callback: runs inside ``poll`` or ``flush``, in their thread."""
+        self._reports.append((fut, err))
 
     async def stop(self) -> None:
         producer, self._producer = self._producer, None
@@ -189,6 +200,8 @@ class RdSender:
         if self._thread is not None:
             await loop.run_in_executor(None, self._thread.join)
         await loop.run_in_executor(None, producer.flush, 2.0)
+        reports, self._reports = self._reports, []  # what the flush served (the thread has ended)
+        _settle_all(reports)
 
     async def partitions(self, topic: str) -> int:
         producer = self._producer
@@ -227,7 +240,7 @@ class RdSender:
         if producer is None or loop is None:
             raise KafkaIOError("the sender is not started", retriable=False)
         fut: asyncio.Future[None] = loop.create_future()
-        report = partial(_report, loop, fut)
+        report = partial(self._report, fut)
         extra: list[tuple[str, str | bytes | None]] | None = list(headers) if headers else None
         while True:
             try:
@@ -240,8 +253,9 @@ class RdSender:
         await fut
 
 
-def _report(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[None], err: KafkaError | None, _msg: Any) -> None:
-    loop.call_soon_threadsafe(_settle, fut, err)
+def _settle_all(reports: list[tuple[asyncio.Future[None], KafkaError | None]]) -> None:
+    for fut, err in reports:
+        _settle(fut, err)
 
 
 class RdReader:

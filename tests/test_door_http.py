@@ -51,8 +51,8 @@ CLIENTS = Path(__file__).resolve().parent / "clients"
 AGENTS = ("alice", "bob", "hasty", "calm", "revokee", "nodey", "forger", "slowpoke", "bystander", "waiter")
 TIGHT = {"ARBITER_DOOR_RATE": "0.05", "ARBITER_DOOR_BURST": "3", "ARBITER_DOOR_MAX_BODY_BYTES": "1024"}
 """The tight door: 3 calls at once then one per 20 s per agent, 1 KiB bodies."""
-NARROW = {"ARBITER_DOOR_SESSION_BUFFER": "4"}
-"""The narrow door: a session may leave 4 frames unread."""
+NARROW = {"ARBITER_DOOR_SESSION_BUFFER": "4", "ARBITER_DOOR_MAX_OPEN_SAGAS_PER_AGENT": "2"}
+"""The narrow door: a session may leave 4 frames unread, an agent may have 2 sagas open."""
 
 
 def tool(name: str) -> str:
@@ -649,3 +649,22 @@ def test_a_session_that_reads_keeps_up_with_bursts_beyond_its_buffer(front: Fron
         node.send({"op": "ping", "id": 99})
         assert node.reply(99)["op"] == "pong"
         assert not [f for f in node.seen if f.get("op") in ("bye", "closed")], node.seen
+
+
+def test_an_agent_may_have_only_so_many_sagas_open_on_a_door(front: Front) -> None:
+    """Each open saga is kept by the door until it ends: on the narrow door (2 at most) a third start is 429
+    ``too_many_sagas`` and opens nothing; ending one makes room again."""
+    url, key = front.narrow.url, front.keys["calm"]
+    opened = [curl("POST", f"{url}/v1/sagas", key=key, body={"name": f"cap-{i}"}) for i in range(2)]
+    assert [a.status for a in opened] == [200, 200], opened
+    third = curl("POST", f"{url}/v1/sagas", key=key, body={"name": "cap-2"})
+    assert third.status == 429 and third.json["reason"] == "too_many_sagas", third
+    assert third.headers["retry-after"] == "1" and "complete" in third.json["what_to_do"]
+    first = opened[0].json["saga_id"]
+    ended = curl("POST", f"{url}/v1/sagas/{first}/complete", key=key)
+    assert ended.status == 200 and ended.json["outcome"] == "COMPLETED", ended
+    again = curl("POST", f"{url}/v1/sagas", key=key, body={"name": "cap-2"})
+    assert again.status == 200, again
+    for saga in (opened[1].json["saga_id"], again.json["saga_id"]):
+        aborted = curl("POST", f"{url}/v1/sagas/{saga}/abort", key=key, body={"reason": "test_over"})
+        assert aborted.status == 200, aborted

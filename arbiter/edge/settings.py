@@ -290,6 +290,11 @@ class Settings(BaseSettings):
     door_max_inflight_per_agent: int = Field(default=256, ge=1)
     """HTTP calls of one agent a door serves at once (waiting acquires included); more get 429."""
 
+    door_max_open_sagas_per_agent: int = Field(default=256, ge=1)
+    """Sagas one agent may have open (started, not ended) on one door; another start gets 429. A door
+    keeps each open saga in memory until it ends: without a bound, an agent that starts sagas and
+    never ends them grows the door without end."""
+
     door_max_connections: int = Field(default=10_000, ge=1)
     """Connections one door serves at once (uvicorn's limit); more get 503."""
 

@@ -28,6 +28,12 @@ SagaId = Annotated[str, Path(description="The id POST /v1/sagas answered, e.g. s
 async def saga_start(body: SagaBody, request: Request, credentials: Creds) -> Any:
     """Its id, ``saga:<agent>/<name>:<id>`` (its steps run on the door that started it)."""
     async with agent(request, credentials) as state:
+        limit = request.app.state.door.settings.door_max_open_sagas_per_agent
+        if len(state.sagas) >= limit:
+            raise Refusal(429, "too_many_sagas", f"{state.name!r} has {len(state.sagas)} sagas open on this door "
+                          f"(ARBITER_DOOR_MAX_OPEN_SAGAS_PER_AGENT={limit})",
+                          "End one first (POST /v1/sagas/{id}/complete or .../abort), or finish the work of one "
+                          "saga before starting the next.", headers={"Retry-After": "1"})
         saga = state.client.open_saga(body.name)
         state.sagas[saga.saga_id] = saga
         return {"saga_id": saga.saga_id}

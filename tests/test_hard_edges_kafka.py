@@ -20,7 +20,7 @@ from arbiter.edge.clock import now_ms
 from arbiter.edge.keys import signer_for
 from arbiter.edge.settings import Settings
 from arbiter.processes import WorkerPool, wait_until_served
-from arbiter.schemas import MODELS, DeadLetter, LockRequested, Record, WaitEdgeAdded, default_codec
+from arbiter.schemas import MODELS, DeadLetter, LockGranted, LockRequested, Record, WaitEdgeAdded, default_codec
 from arbiter.schemas.codec import SCHEMA_DIR
 from arbiter.schemas.identity import ROLE_WORKER
 from arbiter.schemas.partitioning import key_for_partition
@@ -66,6 +66,35 @@ async def start_one_worker(settings: Settings, pool: WorkerPool, env: dict[str, 
     keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
     async with ArbiterClient("warmup", settings) as client:
         await wait_until_served(client, pool, keys)
+
+
+async def test_a_batch_whose_outputs_were_not_taken_leaves_no_state_behind(bootstrap: str, tmp_path: Path) -> None:
+    """A batch's changelog is sent only once its outputs are acknowledged (at_least_once). The failpoint
+    leaves a grant's outputs (its event, the agent's answer) out of a batch and fails it: the worker
+    rewinds, restores a state without that grant, decides the request again and sends its answer. With
+    the changelog sent beside the outputs, the restored state held the grant, the request was a repeat
+    that decides nothing, and the agent never heard: its lease stood on the books with no event."""
+    from .conftest import assert_clean_audit
+
+    settings = isolated_settings(bootstrap, tmp_path, partitions=1)
+    await ensure_topics(settings)
+    pool = WorkerPool(settings)
+    try:
+        await start_one_worker(settings, pool, {"ARBITER_FAILPOINT": "lose_outputs_once:lost"})
+        async with ArbiterClient("lost-agent", settings) as agent:
+            lease = await agent.acquire("lost:r1", ttl=30, wait=10)
+            assert lease.token == 1
+            await agent.release(lease)
+        text = pool.workers[0].log.read_text(errors="replace")
+        assert "failpoint lose_outputs_once" in text and "rewinding" in text, "the failpoint did not fire"
+        log = await read_log(settings)
+        granted = [e.record for e in log.of(settings.topics.resource_events)
+                   if isinstance(e.record, LockGranted) and e.record.resource == "lost:r1"]
+        assert [g.token for g in granted] == [1], granted
+        await assert_clean_audit(settings)
+        pool.check_alive()
+    finally:
+        pool.stop()
 
 
 async def test_a_processor_bug_quarantines_the_input_and_the_worker_goes_on(bootstrap: str, tmp_path: Path) -> None:

@@ -77,6 +77,14 @@ def failpoint(settings: Settings) -> Callable[[ToolIntent], None]:
     return inject
 
 
+def lost_outputs_failpoint() -> str | None:
+    """Fault injection, for tests only. ``ARBITER_FAILPOINT=lose_outputs_once:<key prefix>``: the first batch
+    with an output keyed by the prefix sends its other records, not those, and fails as a batch whose
+    outputs the broker did not take. The prefix, or None."""
+    kind, _, target = os.environ.get("ARBITER_FAILPOINT", "").partition(":")
+    return target if kind == "lose_outputs_once" and target else None
+
+
 def _saga_to_bytes(saga: Saga) -> bytes:
     return json.dumps(saga.to_dict(), separators=(",", ":")).encode()
 

@@ -63,7 +63,14 @@ from arbiter.schemas import ContractError, LockTick, Record, WorkerStarted, defa
 from arbiter.schemas.identity import ACTIVE, ROLE_WORKER, Registry
 from arbiter.schemas.partitioning import partition_for
 from arbiter.schemas.reasons import Reason
-from arbiter.streams.runtime.common import TABLES, TableSpec, default_tools, failpoint, worker_id
+from arbiter.streams.runtime.common import (
+    TABLES,
+    TableSpec,
+    default_tools,
+    failpoint,
+    lost_outputs_failpoint,
+    worker_id,
+)
 from arbiter.streams.runtime.metrics import WorkerMetrics
 from arbiter.streams.runtime.topics import TopicError, ensure_changelogs, ensure_topics, group_session_bounds
 from arbiter.streams.shells import Rules, ToolRunner
@@ -219,6 +226,7 @@ class Worker:
         self.me = worker_id(settings)
         self.codec = default_codec(settings.max_message_bytes)
         self.kafka = kafka_client_options(settings)
+        self._lose_outputs = None if (prefix := lost_outputs_failpoint()) is None else prefix.encode()
         self.rules = Rules.from_settings(settings)
         self.exactly_once = settings.processing_guarantee == "exactly_once"
         self.signer = signer_for(settings.home, settings.identity or ROLE_WORKER, settings.identity_key)
@@ -477,12 +485,13 @@ class Worker:
                 # settled before this one's go out (a failure there rewinds both).
                 await self._settled()
                 assert self.producer is not None
-                sent = await self._produce(self.producer, outputs, tps)
+                changelog = _Batches(self.producer)
+                sent = await self._produce(self.producer, outputs, tps, changelog)
             except KafkaError as exc:
                 await self._failed(exc, tps)
                 return
             self._inflight = asyncio.get_running_loop().create_task(
-                self._settle(sent, offsets, sum(len(r) for _t, r in parts), len(outputs), deciding))
+                self._settle(sent, changelog, offsets, sum(len(r) for _t, r in parts), len(outputs), deciding))
             self._inflight.add_done_callback(self._settle_done)
 
     def _lag(self, parts: list[tuple[TopicPartition, list[ConsumerRecord]]]) -> None:
@@ -508,14 +517,22 @@ class Worker:
         self._retries.add(retry)
         retry.add_done_callback(self._retries.discard)
 
-    async def _settle(self, sent: list[asyncio.Future[Any]], offsets: dict[TopicPartition, int], inputs: int,
-                      outputs: int, deciding: float) -> None:
-        """Wait for a batch's outputs and changelog to be acknowledged, then commit its offsets. It runs
-        while the next batch is decided: at most one batch is in flight."""
+    async def _settle(self, sent: list[asyncio.Future[Any]], changelog: _Batches, offsets: dict[TopicPartition, int],
+                      inputs: int, outputs: int, deciding: float) -> None:
+        """Wait for a batch's outputs to be acknowledged, then send its changelog and wait for that, then
+        commit its offsets. It runs while the next batch is decided: at most one batch is in flight.
+
+        The changelog goes only after the outputs (at_least_once): a state restored from it must never
+        hold a decision whose outputs may not be on the log. A redelivered input decided on a state
+        that holds it produces nothing (the cores are idempotent by id), so its answer, written by no
+        one, would be lost; decided on a state without it, it produces the same outputs again."""
         assert self.consumer is not None
         t0 = time.perf_counter()
         if sent:
             await asyncio.gather(*sent)
+        recorded = await changelog.send()
+        if recorded:
+            await asyncio.gather(*recorded)
         t1 = time.perf_counter()
         await self.consumer.commit(offsets)
         self.next.update(offsets)
@@ -610,23 +627,36 @@ class Worker:
             return
         self.next[tp] = self.decided_to[tp] = offset
 
-    async def _produce(self, producer: AIOKafkaProducer, outputs: list[Output],
-                       tps: set[TopicPartition]) -> list[asyncio.Future[Any]]:
+    async def _produce(self, producer: AIOKafkaProducer, outputs: list[Output], tps: set[TopicPartition],
+                       changelog: _Batches | None = None) -> list[asyncio.Future[Any]]:
         """Queue the decisions, then the changelog of the state they leave; the futures of their
-        acknowledgements.
+        acknowledgements. Given ``changelog``, the changelog records are packed there now (the next
+        batch may change the tables before they go) and left for the caller to send.
 
         Records are packed into one batch per partition (``BatchBuilder``), not sent one by one:
         aiokafka's per-message ``send`` costs more than a decision, and ships tiny requests."""
         batches = _Batches(producer)
+        changes = batches if changelog is None else changelog
         partitions = self.settings.partitions
+        lose = self._lose_outputs
         # One signature per group of outputs (a Merkle root), not one per output: see Signer.sign_batch.
         for (topic, key, value), headers in zip(outputs, self.signer.sign_batch(outputs, now_ms()), strict=True):
+            if lose is not None and key.startswith(lose):
+                batches.lost = True
+                continue
             batches.add(topic, partition_for(key, partitions), key, value, headers)
+        if batches.lost:
+            self._lose_outputs = None
         for tp in tps:
             for table in self.tables_of[tp.topic]:
                 for topic, partition, row, state in table.take_changes({tp.partition}):
-                    batches.add(topic, partition, row, state, [])
-        return await batches.send()
+                    changes.add(topic, partition, row, state, [])
+        sent = await batches.send()
+        if batches.lost:
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(KafkaError("failpoint lose_outputs_once: outputs not taken"))
+            sent.append(failed)
+        return sent
 
     async def _decide(self, message: ConsumerRecord) -> list[Output]:
         """Decide one input; its outputs (answers, events, dead letters), in order."""
@@ -896,6 +926,8 @@ class _Batches:
         self.producer = producer
         self.open: dict[tuple[str, int], Any] = {}
         self.full: list[tuple[str, int, Any]] = []
+        self.lost = False
+        """Records were left out (``lose_outputs_once``, tests only)."""
 
     def add(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
             headers: list[tuple[str, bytes]]) -> None:

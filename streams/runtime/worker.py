@@ -249,6 +249,9 @@ class Worker:
         self.decided_to: dict[TopicPartition, int] = {}
         """Per owned partition, the offset after the last input decided (committed or in flight)."""
         self._inflight: asyncio.Task[None] | None = None
+        """The last batch on its way: its outputs, then its changelog, then its commit (``_settle``)."""
+        self._acked: asyncio.Future[None] | None = None
+        """Done once that batch's outputs are acknowledged (the next batch's go out then)."""
         self.lock = asyncio.Lock()
         self.stopping = asyncio.Event()
         self.stop_asked: float | None = None
@@ -481,17 +484,23 @@ class Worker:
             offsets = {tp: records[-1].offset + 1 for tp, records in parts}
             deciding = time.perf_counter() - t0
             try:
-                # Decided while the previous batch was on its way; its outputs and offsets must be
-                # settled before this one's go out (a failure there rewinds both).
-                await self._settled()
+                # Decided while the previous batch was on its way: its outputs must be on the log before
+                # this one's go out (a partition's outputs stay in order; a failure there rewinds both).
+                # Its changelog and commit may still be on their way: this batch's wait for them (_settle).
+                if self._acked is not None:
+                    await self._acked
                 assert self.producer is not None
                 changelog = _Batches(self.producer)
                 sent = await self._produce(self.producer, outputs, tps, changelog)
             except KafkaError as exc:
                 await self._failed(exc, tps)
                 return
-            self._inflight = asyncio.get_running_loop().create_task(
-                self._settle(sent, changelog, offsets, sum(len(r) for _t, r in parts), len(outputs), deciding))
+            loop = asyncio.get_running_loop()
+            acked: asyncio.Future[None] = loop.create_future()
+            acked.add_done_callback(_retrieved)
+            self._inflight, self._acked = loop.create_task(self._settle(
+                sent, changelog, self._inflight, acked, offsets, sum(len(r) for _t, r in parts), len(outputs),
+                deciding)), acked
             self._inflight.add_done_callback(self._settle_done)
 
     def _lag(self, parts: list[tuple[TopicPartition, list[ConsumerRecord]]]) -> None:
@@ -517,10 +526,12 @@ class Worker:
         self._retries.add(retry)
         retry.add_done_callback(self._retries.discard)
 
-    async def _settle(self, sent: list[asyncio.Future[Any]], changelog: _Batches, offsets: dict[TopicPartition, int],
-                      inputs: int, outputs: int, deciding: float) -> None:
-        """Wait for a batch's outputs to be acknowledged, then send its changelog and wait for that, then
-        commit its offsets. It runs while the next batch is decided: at most one batch is in flight.
+    async def _settle(self, sent: list[asyncio.Future[Any]], changelog: _Batches, previous: asyncio.Task[None] | None,
+                      acked: asyncio.Future[None], offsets: dict[TopicPartition, int], inputs: int, outputs: int,
+                      deciding: float) -> None:
+        """Wait for a batch's outputs to be acknowledged (then ``acked`` is done), then for the batch before
+        it to settle, then send its changelog and wait for that, then commit its offsets. It runs while
+        the next batch is decided and sent: a failure here, or in the batch before, rewinds both.
 
         The changelog goes only after the outputs (at_least_once): a state restored from it must never
         hold a decision whose outputs may not be on the log. A redelivered input decided on a state
@@ -528,8 +539,18 @@ class Worker:
         one, would be lost; decided on a state without it, it produces the same outputs again."""
         assert self.consumer is not None
         t0 = time.perf_counter()
-        if sent:
-            await asyncio.gather(*sent)
+        try:
+            if sent:
+                await asyncio.gather(*sent)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                acked.cancel()
+            elif not acked.done():
+                acked.set_exception(exc)
+            raise
+        acked.set_result(None)
+        if previous is not None:
+            await previous  # its changelog and commit go first
         recorded = await changelog.send()
         if recorded:
             await asyncio.gather(*recorded)
@@ -540,7 +561,7 @@ class Worker:
 
     async def _settled(self) -> None:
         """Wait for the batch in flight, if any; a ``KafkaError`` if it could not be written or committed."""
-        inflight, self._inflight = self._inflight, None
+        inflight, self._inflight, self._acked = self._inflight, None, None
         if inflight is not None:
             await inflight
 
@@ -949,6 +970,12 @@ class _Batches:
                 for topic, partition, builder in self.full]
         self.full.clear()
         return sent
+
+
+def _retrieved(fut: asyncio.Future[Any]) -> None:
+    """(A batch's ``acked`` that failed with nobody waiting: its settle task reports the failure.)"""
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _log_tick_failure(sent: asyncio.Future[Any]) -> None:

@@ -251,6 +251,8 @@ class Worker:
         self._inflight: asyncio.Task[None] | None = None
         """The last batch on its way: its outputs, then its changelog, then its commit (``_settle``)."""
         self._acked: asyncio.Future[None] | None = None
+        self._uncommitted: dict[TopicPartition, int] = {}
+        """Offsets whose commit failed, decisions and changelog written: the next commit carries them."""
         """Done once that batch's outputs are acknowledged (the next batch's go out then)."""
         self.lock = asyncio.Lock()
         self.stopping = asyncio.Event()
@@ -555,8 +557,21 @@ class Worker:
         if recorded:
             await asyncio.gather(*recorded)
         t1 = time.perf_counter()
-        await self.consumer.commit(offsets)
-        self.next.update(offsets)
+        # A commit that fails (the group's coordinator moving, say) is carried by the next one: the
+        # decisions and the changelog are on the log, and the state in memory is theirs. Rewinding
+        # here would decide the inputs since the last commit again, on a state restored from a
+        # changelog already past them (a wait-for edge removed since comes back, and closes a cycle
+        # that no longer exists).
+        pending = {tp: offset for tp, offset in self._uncommitted.items() if tp in self.owned}
+        pending.update(offsets)
+        try:
+            await self.consumer.commit(pending)
+        except KafkaError as exc:
+            self._uncommitted = pending
+            log.warning("committing %s failed (%s); the next commit carries it", _names(set(pending)), exc)
+        else:
+            self._uncommitted = {}
+            self.next.update(pending)
         self.stats.add(inputs, outputs, deciding, t1 - t0, time.perf_counter() - t1)
 
     async def _settled(self) -> None:
@@ -745,6 +760,10 @@ class Worker:
                     continue
                 restore.add(tp)
                 self.next[tp] = self.decided_to[tp] = -1 if committed is None else committed
+            # An offset whose commit failed counts only where this worker went on deciding: elsewhere it
+            # could move another owner's commit back.
+            self._uncommitted = {tp: offset for tp, offset in self._uncommitted.items()
+                                 if tp in assigned and tp not in restore}
             if self.exactly_once:
                 await self._fence(restore)
             try:
@@ -845,6 +864,9 @@ class Worker:
             await self._restore(tps)
             for tp in tps:
                 committed = await self.consumer.committed(tp)
+                carried = self._uncommitted.get(tp)
+                if carried is not None and (committed is None or carried > committed):
+                    committed = carried  # decided, written and in the changelog: only its commit failed
                 self.next[tp] = self.decided_to[tp] = -1 if committed is None else committed
                 if committed is None:
                     await self.consumer.seek_to_beginning(tp)

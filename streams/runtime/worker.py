@@ -251,9 +251,9 @@ class Worker:
         self._inflight: asyncio.Task[None] | None = None
         """The last batch on its way: its outputs, then its changelog, then its commit (``_settle``)."""
         self._acked: asyncio.Future[None] | None = None
+        """Done once that batch's outputs are acknowledged (the next batch's go out then)."""
         self._uncommitted: dict[TopicPartition, int] = {}
         """Offsets whose commit failed, decisions and changelog written: the next commit carries them."""
-        """Done once that batch's outputs are acknowledged (the next batch's go out then)."""
         self.lock = asyncio.Lock()
         self.stopping = asyncio.Event()
         self.stop_asked: float | None = None
@@ -674,21 +674,21 @@ class Worker:
         batches = _Batches(producer)
         changes = batches if changelog is None else changelog
         partitions = self.settings.partitions
-        lose = self._lose_outputs
+        lose, lost = self._lose_outputs, False
         # One signature per group of outputs (a Merkle root), not one per output: see Signer.sign_batch.
         for (topic, key, value), headers in zip(outputs, self.signer.sign_batch(outputs, now_ms()), strict=True):
             if lose is not None and key.startswith(lose):
-                batches.lost = True
+                lost = True
                 continue
             batches.add(topic, partition_for(key, partitions), key, value, headers)
-        if batches.lost:
+        if lost:
             self._lose_outputs = None
         for tp in tps:
             for table in self.tables_of[tp.topic]:
                 for topic, partition, row, state in table.take_changes({tp.partition}):
                     changes.add(topic, partition, row, state, [])
         sent = await batches.send()
-        if batches.lost:
+        if lost:
             failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             failed.set_exception(KafkaError("failpoint lose_outputs_once: outputs not taken"))
             sent.append(failed)
@@ -969,8 +969,6 @@ class _Batches:
         self.producer = producer
         self.open: dict[tuple[str, int], Any] = {}
         self.full: list[tuple[str, int, Any]] = []
-        self.lost = False
-        """Records were left out (``lose_outputs_once``, tests only)."""
 
     def add(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
             headers: list[tuple[str, bytes]]) -> None:

@@ -76,6 +76,21 @@ class WaitGraph:
     touched: set[str] = field(default_factory=set)
     """Ids of the edges added, removed or cancelled since a store last saved the graph (so a
     store writes what changed, not the whole graph)."""
+    at: dict[str, int] = field(default_factory=dict)
+    """Per edge present, the position (input offset) of the message that last added it."""
+    removed: dict[str, int] = field(default_factory=dict)
+    """Recently removed edges, oldest first, and the position of the message that removed each."""
+    removed_window: int = 4096
+
+    def folded(self, edge_id: str, position: int) -> bool:
+        """Whether the message at ``position`` (its input offset) about ``edge_id`` is in the graph
+        already: the graph holds a change of that edge from it, or from a later message.
+
+        A worker that died after writing a batch's state and before committing its offsets leaves
+        the next owner a graph ahead of the inputs it is redelivered. Folding them again would
+        bring back edges removed since (and close cycles that no longer exist); positions say
+        which inputs the graph holds, without hiding a later, real add of the same id."""
+        return position <= max(self.at.get(edge_id, -1), self.removed.get(edge_id, -1))
 
     def touching(self, agent: str) -> list[Edge]:
         """Every edge into or out of ``agent``, sorted by id."""
@@ -90,6 +105,7 @@ class WaitGraph:
     def remove(self, edge_id: str) -> None:
         """Delete an edge; unknown ids are ignored."""
         edge = self.edges.pop(edge_id, None)
+        self.at.pop(edge_id, None)
         if edge is not None:
             self.touched.add(edge_id)
             bucket = self.out.get(edge.waiter)
@@ -212,14 +228,26 @@ def _edge(graph: WaitGraph, event: WaitEdgeAdded, now_ms: int | None) -> Edge:
                 registered, event.saga_id)
 
 
-def evolve(graph: WaitGraph, event: GraphEvent, now_ms: int | None = None) -> WaitGraph:
+def evolve(graph: WaitGraph, event: GraphEvent, now_ms: int | None = None, position: int | None = None) -> WaitGraph:
     """Fold one event into the graph (in place) and return it. ``now_ms``: the append time of the
-    message that carried ``event`` (a delegating agent's age is taken from it, see ``_edge``)."""
+    message that carried ``event`` (a delegating agent's age is taken from it, see ``_edge``);
+    ``position``: its input offset, remembered per edge (``WaitGraph.folded``)."""
     if isinstance(event, WaitEdgeAdded):
         if event.edge_id not in graph.cancelled:
             graph.add(_edge(graph, event, now_ms))
+            if position is not None:
+                graph.at[event.edge_id] = position
+                graph.removed.pop(event.edge_id, None)
     elif isinstance(event, WaitEdgeRemoved):
         graph.remove(event.edge_id)
+        if position is not None:
+            graph.removed.pop(event.edge_id, None)  # (re-inserted: the window keeps the newest)
+            graph.removed[event.edge_id] = position
+            graph.touched.add(event.edge_id)
+            while len(graph.removed) > graph.removed_window:
+                forgotten = next(iter(graph.removed))
+                del graph.removed[forgotten]
+                graph.touched.add(forgotten)
     else:
         # The victim's waits are being cancelled: it waits on nobody from now on.
         for edge_id in list(graph.out.get(event.victim, {})):

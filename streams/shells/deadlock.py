@@ -39,10 +39,15 @@ def edge_problem(key: bytes | None, edge: Record) -> ContractError | None:
     return None
 
 
+REMOVED = b"removed:"
+EDGE_FIELDS = len(Edge("", "", "", "", None, 0, 0).to_row())
+
+
 class RowGraphStore:
     """Wait-for graphs kept as one row per edge in a table of bytes (the worker's changelog).
 
-    Row key: graph key, NUL, edge id; value: the edge as a JSON row, or ``cancelled``.
+    Row key: graph key, NUL, edge id; value: the edge as a JSON row (then the position of the
+    message that added it), ``cancelled``, or ``removed:<position>`` (a recent removal).
     A graph is rebuilt from its rows on first use after a rebalance (``generation``
     changes), then kept in memory; ``save`` writes only the rows of the edges it touched.
     """
@@ -67,8 +72,13 @@ class RowGraphStore:
                     edge_id = row_key[len(prefix):].decode()
                     if row == b"cancelled":
                         graph.cancelled[edge_id] = None
+                    elif row.startswith(REMOVED):
+                        graph.removed[edge_id] = int(row[len(REMOVED):])
                     else:
-                        graph.add(Edge.from_row(json.loads(row)))
+                        fields = json.loads(row)
+                        graph.add(Edge.from_row(fields[:EDGE_FIELDS]))
+                        if len(fields) > EDGE_FIELDS:  # (rows written before positions were kept have none)
+                            graph.at[edge_id] = fields[EDGE_FIELDS]
             graph.touched.clear()
             self._cache[key] = graph
         return graph
@@ -84,9 +94,13 @@ class RowGraphStore:
             row_key = prefix + edge_id.encode()
             edge = graph.edges.get(edge_id)
             if edge is not None:
-                self.rows[row_key] = json.dumps(edge.to_row()).encode()
+                position = graph.at.get(edge_id)
+                row = edge.to_row() if position is None else [*edge.to_row(), position]
+                self.rows[row_key] = json.dumps(row).encode()
             elif edge_id in graph.cancelled:
                 self.rows[row_key] = b"cancelled"
+            elif edge_id in graph.removed:
+                self.rows[row_key] = REMOVED + str(graph.removed[edge_id]).encode()
             else:
                 self.rows.pop(row_key, None)
         graph.touched.clear()
@@ -115,6 +129,8 @@ class DeadlockShell:
             return None  # our own decisions, logged beside the edges they were made from
         assert key is not None and isinstance(edge, WaitEdgeAdded | WaitEdgeRemoved)
         graph = self.store.get(key)
+        if graph.folded(edge.edge_id, cause.offset):
+            return None  # redelivered onto a state that holds it (see WaitGraph.folded): decided already
         if self.scope is not None:
             # The graph in memory changes in place: an input that fails is rebuilt from its rows (whose
             # writes the scope drops).
@@ -129,7 +145,7 @@ class DeadlockShell:
                     cause: Cause) -> list[DeadlockDetected]:
         routes = self.routes
         found = detect(graph, edge, now_ms, cause, self.victim_policy) if isinstance(edge, WaitEdgeAdded) else []
-        evolve_graph(graph, edge, now_ms)
+        evolve_graph(graph, edge, now_ms, cause.offset)
         for detection in found:
             for revoke in revocations(graph, detection, now_ms):
                 await self.send(routes.resource_commands, revoke.resource.encode(), revoke)

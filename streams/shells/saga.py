@@ -9,8 +9,13 @@ from dataclasses import dataclass
 from arbiter.schemas import (
     Cause,
     ContractError,
+    LockCancelled,
+    LockExpired,
+    LockQueued,
     LockReleaseRequested,
+    LockRenewed,
     LockRequested,
+    LockRevoked,
     Record,
     SagaFinished,
     ToolIntent,
@@ -21,6 +26,11 @@ from arbiter.streams.cores import saga as saga_core
 from arbiter.streams.cores.saga import COMPENSATION_FAILED, Saga, SagaInput
 from arbiter.streams.cores.trust import saga_owner
 from arbiter.streams.shells.routes import SAGA_PREFIX, Routes, Send
+
+NOTHING_TO_DO = (LockQueued, LockRenewed, LockExpired, LockRevoked, LockCancelled)
+"""Answers the lease processor sends a saga's agent (``Routes.reply_to``) that move no saga on: a
+compensation's lease queued behind a holder, say. Taken and let be, not dead-lettered (they are
+the processors' own answers, not a command on the wrong topic)."""
 
 
 def saga_key_problem(key: bytes | None, record: Record) -> ContractError | None:
@@ -46,6 +56,8 @@ class SagaShell:
     async def handle(self, key: bytes | None, record: Record, now_ms: int, cause: Cause,
                      sender: Verified | None = None) -> ContractError | None:
         """Decide one saga message: an agent's step or abort, or an answer to the saga's own agent."""
+        if isinstance(record, NOTHING_TO_DO):
+            return saga_key_problem(key, record)
         if not isinstance(record, SagaInput):
             # Well-typed, wrong topic: a lease request here would be taken for the saga's own.
             return ContractError(Reason.UNSUPPORTED_COMMAND,

@@ -26,7 +26,7 @@ from arbiter.schemas import (
 from arbiter.schemas.codec import SCHEMA_DIR
 from arbiter.streams.cores.gateway import ToolOutcome
 from arbiter.streams.shells.routes import Routes
-from arbiter.streams.shells.saga import SagaShell, saga_key_problem
+from arbiter.streams.shells.saga import NOTHING_TO_DO, SagaShell, saga_key_problem
 
 from ..avro_strategies import for_record
 
@@ -124,3 +124,23 @@ def test_records_of_another_topic_are_refused_not_decided(topic: str) -> None:
         if home != topic:
             assert isinstance(problem, ContractError), (record, topic)
     assert engine.books == {} and engine.sagas == {} and not engine.wait_edges()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(answer=st.one_of(*[for_record(_SCHEMAS[model.AVRO_NAME]).map(lambda d, m=model: m.model_validate(d))
+                          for model in NOTHING_TO_DO]))
+def test_answers_that_move_no_saga_on_are_let_be_not_refused(answer: Record) -> None:
+    """The resource processor routes every answer for a saga's agent to the saga topic (a queued
+    compensation lease, its merge's progress): none is refused, none changes a saga."""
+    routes = Routes.of(Settings().topics, "global")
+    sent: list[object] = []
+
+    async def send(topic: str, key: bytes, record: Record) -> None:
+        sent.append((topic, key, record))
+
+    saga = "saga:ann/work:1"  # an answer to the saga's agent: its id is the saga's
+    answer = answer.model_copy(update={f: saga for f in ("agent_id", "saga_id") if f in type(answer).model_fields})
+    sagas: dict[bytes, object] = {}
+    shell = SagaShell(sagas, routes, send)  # type: ignore[arg-type]
+    problem = asyncio.run(shell.handle(saga.encode(), answer, 1_000, Cause(topic="s", partition=0, offset=0)))
+    assert problem is None and sent == [] and sagas == {}

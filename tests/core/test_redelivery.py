@@ -26,6 +26,7 @@ from arbiter.schemas import (
     LockRequested,
     Record,
     SagaStep,
+    ToolIntent,
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
@@ -35,7 +36,7 @@ from arbiter.streams.runtime.common import TABLES
 from .test_shells import _Tools
 
 AGENTS = ["ann", "bob", "cy"]
-RESOURCES = ["file:a", "file:b"]
+RESOURCES = ["ticket:a", "doc:b"]  # a pessimistic policy and an optimistic one
 GRAPH = b"global"
 
 _steps = st.lists(st.one_of(
@@ -43,6 +44,7 @@ _steps = st.lists(st.one_of(
     st.tuples(st.just("release"), st.sampled_from(AGENTS), st.sampled_from(RESOURCES)),
     st.tuples(st.just("wait"), st.sampled_from(AGENTS), st.sampled_from(AGENTS)),
     st.tuples(st.just("unwait"), st.sampled_from(AGENTS), st.sampled_from(AGENTS)),
+    st.tuples(st.just("write"), st.sampled_from(AGENTS), st.sampled_from(RESOURCES)),
     st.tuples(st.just("step"), st.sampled_from(AGENTS), st.sampled_from(RESOURCES)),
     st.tuples(st.just("abort"), st.sampled_from(AGENTS), st.just("")),
     st.tuples(st.just("finish"), st.sampled_from(AGENTS), st.just("")),
@@ -81,6 +83,7 @@ class _Log:
 
 def _state(engine: Engine) -> dict[str, Any]:
     return {"books": {k: TABLES["books"].dumps(v) for k, v in engine.books.items()},
+            "contents": {k: TABLES["contents"].dumps(v) for k, v in engine.contents.items()},
             "graphs": dict(engine.graph_rows),
             "sagas": {k: TABLES["sagas"].dumps(v) for k, v in engine.sagas.items()}}
 
@@ -106,11 +109,19 @@ async def _play(steps: list[tuple[str, str, str]]) -> tuple[_Log, Engine]:
             await log.send(topics.wait_edges, GRAPH, WaitEdgeAdded(
                 edge_id=f"delegate|{agent}|{other}", waiter=agent, holder=other, source="delegation",
                 waiter_registered_at_ms=0, added_at_ms=log.now))
+        elif kind == "write":
+            book = engine.books.get(other.encode())
+            tokens = [t for t, lease in (book.holders.items() if book else ()) if lease.agent_id == agent]
+            content = engine.contents.get(other.encode())
+            await log.send(topics.resource_commands, other.encode(), ToolIntent(
+                intent_id=f"w{n}", agent_id=agent, resource=other, token=tokens[0] if tokens else None,
+                base_version=content.version if content else 0, tool="refund", arguments_json="{}",
+                sent_at_ms=log.now))
         elif kind in ("step", "finish"):
             saga = f"saga:{agent}/work:1"
             await log.send(topics.saga_commands, saga.encode(), SagaStep(
                 saga_id=saga, step=n, agent_id=agent, status="completed" if kind == "step" else "saga_completed",
-                intent_id=f"i{n}", resource=other or "file:a", tool="refund", arguments_json="{}",
+                intent_id=f"i{n}", resource=other or "ticket:a", tool="refund", arguments_json="{}",
                 compensate_tool="refund", compensate_arguments_json="{}", at_ms=log.now))
         elif kind == "abort":
             saga = f"saga:{agent}/work:1"

@@ -172,6 +172,7 @@ def test_opening_payouts_on_a_fresh_ledger_opens_it(ledger_dsn: str) -> None:
     ({"a b": 1}, "account id is 1-128"),
     ({"x" * 129: 1}, "account id is 1-128"),
     ({"nul\x00": 1}, "account id is 1-128"),
+    ({"account:cust_2": 1}, "without 'account:'"),
 ])
 def test_opening_accounts_refuses_edge_values_and_changes_nothing(ledger_dsn: str, balances: dict[str, Any],
                                                                   says: str) -> None:
@@ -199,6 +200,7 @@ TOOL_EDGES: list[tuple[str, dict[str, Any], str, str, str]] = [
     ("refund", {"order_id": "o", "amount": 1}, "account:", "e1", "not an account resource"),
     ("refund", {"order_id": "o", "amount": 1}, "account:cust_1\x00", "e1", "not an account resource"),
     ("refund", {"order_id": "o", "amount": 1}, "doc:spec", "e1", "not an account resource"),
+    ("refund", {"order_id": "o", "amount": 1}, "account:account:cust_1", "e1", "without 'account:'"),
     ("refund", {"order_id": "o", "amount": 1}, f"account:{PAYOUTS}", "e1", "would pay itself"),
     ("refund", {"order_id": "o", "amount": 501}, "account:cust_1", "e1", "less than 501"),
     ("refund", {"order_id": "o", "amount": 1}, "account:cust_1", "e\x00", "NUL"),
@@ -206,6 +208,7 @@ TOOL_EDGES: list[tuple[str, dict[str, Any], str, str, str]] = [
     ("transfer", {"to": "nobody", "amount": 1}, "account:cust_1", "e1", "no account 'nobody'"),
     ("transfer", {"to": "", "amount": 1}, "account:cust_1", "e1", "pattern"),
     ("transfer", {"to": "x\x00", "amount": 1}, "account:cust_1", "e1", "pattern"),
+    ("transfer", {"to": "account:cust_8492", "amount": 1}, "account:cust_1", "e1", "without 'account:'"),
     ("transfer", {"to": "cust_8492", "amount": 1}, "account:nobody", "e1", "no account 'nobody'"),
     ("transfer", {"to": "cust_8492", "amount": 10**12}, "account:cust_1", "e1", "less than"),
     ("reverse_refund", {"refund_intent_id": ""}, "account:cust_1", "e1", "at least 1 character"),

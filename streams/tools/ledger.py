@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, cast
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from arbiter.streams.tools.git import Repos
 from arbiter.streams.tools.merges import Failpoint
@@ -80,6 +80,10 @@ class LedgerError(ValueError):
 
 def account_problem(account: str) -> str | None:
     """Why ``account`` cannot be an account id (None: it can)."""
+    if account.startswith("account:"):
+        # Its resource would be account:account:<id>: a caller who wrote the resource's name where the
+        # account's id goes, and would move money to (or open) an account it did not mean.
+        return f"an account is named by its id, without 'account:' ({account[len('account:'):][:128]!r})"
     if ACCOUNT_ID.fullmatch(account):
         return None
     return "an account id is 1-128 letters, digits and _.@:- (the resource is account:<id>)"
@@ -314,6 +318,14 @@ class TransferArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
     to: str = Field(pattern=f"^{ACCOUNT_ID.pattern}$", description="an account id, without 'account:'")
     amount: Cents
+
+    @field_validator("to")
+    @classmethod
+    def _an_account_id(cls, value: str) -> str:
+        problem = account_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
 
 
 class CommitArgs(BaseModel):

@@ -166,3 +166,35 @@ def test_the_grafana_dashboard_queries_only_metrics_that_are_exported() -> None:
     assert named and named <= set(NAMES) | set(DOOR_NAMES), named - set(NAMES) - set(DOOR_NAMES)
     titles = " ".join(panel["title"] for panel in board["panels"]).lower()
     assert all(word in titles for word in ("leases", "refusals", "lag", "latency")), titles
+
+
+@pytest.mark.parametrize(("host", "allowed", "status"), [
+    ("127.0.0.1:{port}", "", 200),
+    ("localhost:{port}", "", 200),
+    ("10.1.2.3:{port}", "", 200),  # a Prometheus scraping by address
+    ("[::1]:{port}", "", 200),
+    ("attacker.example:{port}", "", 421),  # a rebound name
+    ("worker-1:{port}", "", 421),
+    ("worker-1:{port}", "worker-1,worker-2", 200),
+    ("worker-3:{port}", "worker-1,worker-2", 421),
+    ("anything.example", "*", 200),
+    ("", "", 421),
+    ("bad host:1:2", "", 421),
+])
+def test_a_workers_metrics_answer_only_the_names_they_are_reached_by(host: str, allowed: str, status: int) -> None:
+    """DNS rebinding: a page whose name resolves to the worker's address still says its own name."""
+    port = free_port()
+    server = WorkerMetrics().serve(port, "127.0.0.1", allowed)
+    try:
+        connection = socket.create_connection(("127.0.0.1", port), timeout=10)
+        with connection:
+            header = f"Host: {host.format(port=port)}\r\n" if host else ""
+            connection.sendall(f"GET /metrics HTTP/1.1\r\n{header}Connection: close\r\n\r\n".encode())
+            answer = b""
+            while chunk := connection.recv(65536):
+                answer += chunk
+        assert answer.split(b" ", 2)[1] == str(status).encode(), answer[:200]
+        assert (b"arbiter_" in answer) == (status == 200)
+    finally:
+        server.shutdown()
+        server.server_close()

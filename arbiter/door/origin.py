@@ -23,7 +23,6 @@ before anything else runs, close them:
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -33,76 +32,29 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket
 
+from arbiter.edge.hosts import HostNames, is_loopback, split_host
 from arbiter.edge.settings import Settings
 
 from .errors import Refusal
 
 log = logging.getLogger(__name__)
 
-LOOPBACK_NAMES = frozenset({"localhost"})
-"""The loopback name every door answers, besides loopback addresses."""
 DEFAULT_PORTS = {"http": 80, "https": 443}
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (a listening address or a request's host name) is this machine's loopback only."""
-    name = host.strip("[]").lower().removesuffix(".")
-    if name in LOOPBACK_NAMES:
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def split_host(value: str) -> tuple[str, int | None] | None:
-    """A ``Host`` header's (name, port), the name lower-case; None when it is not one."""
-    value = value.strip().lower()
-    if value.startswith("["):
-        name, bracket, rest = value[1:].partition("]")
-        if not bracket or (rest and not rest.startswith(":")):
-            return None
-        port = rest[1:] if rest else None
-    else:
-        name, colon, port_text = value.rpartition(":")
-        name, port = (name, port_text) if colon else (value, None)
-        if ":" in name:
-            return None  # an IPv6 address is written in brackets
-    name = name.removesuffix(".")
-    if not name or (port is not None and not (port.isdigit() and 0 < int(port) < 65536)):
-        return None
-    return name, None if port is None else int(port)
-
-
-def _is_address(name: str) -> bool:
-    try:
-        ipaddress.ip_address(name)
-    except ValueError:
-        return False
-    return True
 
 
 @dataclass(frozen=True)
 class HostPolicy:
-    """The names a door answers, and the check of one request's headers against them."""
+    """The names a door answers (``arbiter.edge.hosts``), and the check of one request's headers."""
 
-    names: frozenset[str]
-    any_name: bool
-    """``*`` was configured: any name (behind a proxy that checks ``Host`` itself)."""
-    addresses: bool
-    """Any IP address as a name: the door listens beyond loopback."""
+    names: HostNames
 
     @classmethod
     def of(cls, settings: Settings) -> HostPolicy:
-        configured = {name.lower().removesuffix(".") for name in settings.allowed_host_names()}
-        return cls(frozenset(LOOPBACK_NAMES | (configured - {"*"})), "*" in configured,
-                   not is_loopback(settings.door_host))
+        return cls(HostNames.of(settings.door_allowed_hosts, addresses=not is_loopback(settings.door_host)))
 
     def allows(self, name: str) -> bool:
         """Whether a request sent to host ``name`` is for this door."""
-        if self.any_name or name in self.names:
-            return True
-        return _is_address(name) and (self.addresses or is_loopback(name))
+        return self.names.allows(name)
 
     def refusal(self, headers: Headers) -> Refusal | None:
         """Why the request with these headers is not answered (None: it is)."""

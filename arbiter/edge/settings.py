@@ -316,6 +316,11 @@ class Settings(BaseSettings):
     metrics_host: str = "127.0.0.1"
     """Where a worker's metrics listen (``0.0.0.0`` for a Prometheus on another machine)."""
 
+    metrics_allowed_hosts: str = ""
+    """Host names (comma separated) a worker's metrics answer besides ``localhost`` and IP addresses:
+    the names a Prometheus scrapes it by, such as ``worker-1``. A request for another name is
+    refused (421), so no web page reads them through DNS rebinding. ``*``: any name."""
+
     mcp_idle_seconds: float = Field(default=300.0, gt=0)
     """``arbiter mcp``: how long an agent may be silent (no tool call, no hook heartbeat) before the
     server stops renewing its leases and lets them lapse at their TTL (a model turn can take minutes)."""
@@ -435,10 +440,6 @@ class Settings(BaseSettings):
     def operator_names(self) -> set[str]:
         """``console_operators`` as a set."""
         return {n.strip() for n in self.console_operators.split(",") if n.strip()}
-
-    def allowed_host_names(self) -> set[str]:
-        """``door_allowed_hosts`` as a set."""
-        return {n.strip() for n in self.door_allowed_hosts.split(",") if n.strip()}
 
     def bootstrap_list(self) -> list[str]:
         """Bootstrap servers as a list."""

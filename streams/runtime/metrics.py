@@ -15,15 +15,20 @@ from __future__ import annotations
 
 import contextlib
 import re
+import socket
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from socketserver import ThreadingMixIn
+from typing import Any, cast
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from arbiter.edge.hosts import HostNames
 from arbiter.schemas import (
     Compensated,
     DeadLetter,
@@ -270,7 +275,31 @@ class WorkerMetrics:
                 with contextlib.suppress(KeyError):
                     gauge.remove(topic, str(partition))
 
-    def serve(self, port: int, host: str = "0.0.0.0") -> Any:
-        """Serve ``/metrics`` on ``port`` (a thread of its own); returns the server, to ``shutdown()``."""
-        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str = "0.0.0.0", allowed_hosts: str = "") -> Any:
+        """Serve ``/metrics`` on ``port`` (a thread of its own); returns the server, to ``shutdown()``.
+        It answers requests for IP addresses, loopback names and ``allowed_hosts`` (comma separated;
+        ``*``: any), and refuses others (421): see ``arbiter.edge.hosts``."""
+        names = HostNames.of(allowed_hosts, addresses=True)
+        app = make_wsgi_app(self.registry)
+
+        def guarded(environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+            if not names.allows_header(environ.get("HTTP_HOST", "")):
+                start_response("421 Misdirected Request", [("Content-Type", "text/plain; charset=utf-8")])
+                return [b"these metrics answer requests for IP addresses, localhost, and the names in "
+                        b"ARBITER_METRICS_ALLOWED_HOSTS; not for this Host\n"]
+            return cast(Iterable[bytes], app(environ, start_response))
+
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        server_class = type("MetricsServer", (_MetricsServer,), {"address_family": family})
+        server: WSGIServer = make_server(host, port, guarded, server_class, handler_class=_Quiet)
+        threading.Thread(target=server.serve_forever, name="arbiter-metrics", daemon=True).start()
         return server
+
+
+class _MetricsServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass

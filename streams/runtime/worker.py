@@ -328,7 +328,8 @@ class Worker:
             return
         if settings.metrics_port:
             try:
-                self._metrics_server = self.metrics.serve(settings.metrics_port, settings.metrics_host)
+                self._metrics_server = self.metrics.serve(settings.metrics_port, settings.metrics_host,
+                                                          settings.metrics_allowed_hosts)
                 log.info("metrics on http://%s:%d/metrics", settings.metrics_host, settings.metrics_port)
             except OSError as exc:  # another worker on this machine has the port: decide anyway, say so
                 log.error("metrics not served: %s:%d: %s", settings.metrics_host, settings.metrics_port, exc)

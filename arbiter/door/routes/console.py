@@ -19,9 +19,10 @@ from typing import Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 
+from arbiter.edge.hosts import is_loopback
+
 from ..calls import door_of
 from ..errors import Refusal
-from ..origin import is_loopback
 
 router = APIRouter(tags=["console"])
 

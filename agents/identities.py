@@ -22,6 +22,7 @@ from arbiter.edge.kafkaauth import kafka_client_options
 from arbiter.edge.kafkaconn import started
 from arbiter.edge.keys import (
     anchors_for,
+    identity_problem,
     key_file,
     keys_dir,
     read_private_key,
@@ -113,9 +114,9 @@ class Registrar:
                   keep_key: bool = True) -> Signer:
         """Issue a key to a new identity and register it. ``keep_key``: write the private key under
         the home (else the caller shows it once). Refuses a name that already has an active key."""
-        problem = valid_name(name)
+        problem = identity_problem(name)
         if problem:
-            raise IdentityError(f"{name!r} cannot be an identity: {problem}")
+            raise IdentityError(f"{name[:200]!r} cannot be an identity: {problem}")
         if role not in (ROLE_AGENT, ROLE_WORKER, ROLE_RUNNER):
             raise IdentityError(f"role must be {ROLE_AGENT}, {ROLE_WORKER} or {ROLE_RUNNER}, not {role!r}")
         if any(e.name == name and e.status == ACTIVE and not e.credential for e in await self.entries()):
@@ -228,6 +229,9 @@ async def ensure_identity(settings: Settings, name: str, role: str = ROLE_AGENT)
     The processes of one home register one name one at a time (``registering``), so two workers
     that start at once on a fresh registry write one record, not two; a second record from
     elsewhere that says the same is a repeat the registry ignores (``Registry.apply``)."""
+    problem = identity_problem(name)
+    if problem:
+        raise IdentityError(f"{name[:200]!r} cannot be an identity: {problem}")
     path = key_file(settings.home, name)
     if path.exists() and not (keys_dir(settings.home) / "admin.key").exists():
         return _read_settled(path, name)  # without the admin key, registering is someone else's job

@@ -239,8 +239,12 @@ def runner(ctx: click.Context, name: str, depth: int, loglevel: str) -> None:
     signs each verdict. It needs the repositories' disk (read-only) and runs checks as ARBITER_CHECK_USER."""
     import logging
 
+    from arbiter.edge.keys import identity_problem
     from arbiter.runner import serve
 
+    problem = identity_problem(name)
+    if problem:
+        fail(f"--name {name[:200]!r} cannot be a runner's identity: {problem}")
     settings = settings_of(ctx)
     if not broker_answers(settings.bootstrap, options=kafka_client_options(settings)):
         unreachable(settings.bootstrap)

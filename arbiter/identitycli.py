@@ -11,7 +11,7 @@ import click
 from aiokafka.errors import KafkaError
 
 from arbiter.agents.identities import Registrar, ensure_identity
-from arbiter.edge.keys import key_file
+from arbiter.edge.keys import identity_problem, key_file
 from arbiter.edge.settings import Settings
 from arbiter.schemas import IdentityRegistered
 from arbiter.schemas.identity import ROLE_AGENT, ROLE_RUNNER, ROLE_WORKER, IdentityError
@@ -33,6 +33,9 @@ def _run(work: Any) -> Any:
 def ensure_worker_identity(settings: Settings) -> None:
     """Before a worker starts: its key (issued with this home's admin key if there is none yet)."""
     name = settings.identity or ROLE_WORKER
+    problem = identity_problem(name)
+    if problem:
+        fail(f"ARBITER_IDENTITY={name[:200]!r} cannot be a worker's identity: {problem}")
     if settings.identity_key:
         return
     if not key_file(settings.home, name).exists():

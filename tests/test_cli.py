@@ -385,3 +385,32 @@ def test_every_verb_without_kafka_says_it_in_the_readmes_words(tmp_path: Path) -
         said = f"error: no Kafka answers at {bootstrap}"
         assert lines[0] == said or lines[0].startswith(said + ": "), (verb, ran.stderr)
         assert len(lines) == 2 and "arbiter kafka up" in lines[1], (verb, ran.stderr)
+
+
+@pytest.mark.parametrize("name", ["admin", "../x", "a/b", "a b", "a\x01", "saga:x", "-x", "x" * 201])
+def test_a_worker_or_runner_named_admin_or_a_path_is_refused_and_nothing_is_written(bootstrap: str, tmp_path: Path,
+                                                                                    name: str) -> None:
+    """Finding: 'arbiter runner --name ../x' (and ARBITER_IDENTITY for a worker) ended in a traceback, and
+    'admin' was taken: the process would have signed with the home's admin key, the registry's trust
+    anchor, and registered it as a runner or worker. Each is an 'error:' line, a non-zero exit, and the
+    home stays as it was."""
+    from click.testing import CliRunner
+
+    from arbiter.cli import main
+
+    (tmp_path / "keys").mkdir()
+    runner = CliRunner(env={"ARBITER_HOME": str(tmp_path), "ARBITER_BOOTSTRAP": bootstrap})
+    for args, env in ((["runner", "--name", name], {}), (["worker"], {"ARBITER_IDENTITY": name})):
+        result = runner.invoke(main, args, env=env)
+        assert isinstance(result.exception, SystemExit) and result.exit_code == 1, (args, result.exc_info)
+        assert "cannot be a" in result.stderr and "Traceback" not in result.stderr, result.stderr
+        assert sorted(p.name for p in tmp_path.rglob("*")) == ["keys"], (args, list(tmp_path.rglob("*")))
+
+
+def test_no_process_signs_as_admin(tmp_path: Path) -> None:
+    """The admin key's name is no identity's: an agent called 'admin' does not get its key."""
+    from arbiter.edge.keys import signer_for
+    from arbiter.schemas.identity import IdentityError
+
+    with pytest.raises(IdentityError, match="admin key"):
+        signer_for(tmp_path, "admin")

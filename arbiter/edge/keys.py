@@ -95,8 +95,20 @@ def anchors_for(home: Path, configured: str) -> list[bytes]:
         return []
 
 
+def identity_problem(name: str) -> str | None:
+    """Why an agent, worker or runner cannot be called ``name`` (None: it can): an invalid name, or
+    the admin key's (a process that signed as ``admin`` would act with the home's trust anchor)."""
+    if name == ROLE_ADMIN:
+        return f"{ROLE_ADMIN!r} is the name of this home's admin key, the registry's trust anchor: give the " \
+               f"agent, worker or runner a name of its own"
+    return valid_name(name)
+
+
 def signer_for(home: Path, name: str, key_text: str = "") -> Signer:
     """The signer of ``name``: from ``key_text`` (a secret store's value) if given, else its key file."""
+    problem = identity_problem(name)
+    if problem:
+        raise IdentityError(f"{name[:200]!r} cannot be an identity: {problem}")
     if key_text:
         return Signer.from_text(name, key_text)
     return read_private_key(key_file(home, name), name)

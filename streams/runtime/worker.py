@@ -56,6 +56,8 @@ from aiokafka.structs import ConsumerRecord
 from arbiter.edge.clock import now_ms
 from arbiter.edge.kafkaauth import kafka_client_options
 from arbiter.edge.kafkaconn import close_client, describe
+from arbiter.edge.kafkaio import KafkaIOError
+from arbiter.edge.kafkaio.group import RdGroup, RdProducer
 from arbiter.edge.keys import anchors_for, signer_for
 from arbiter.edge.registryfeed import RegistryFeed
 from arbiter.edge.settings import Settings
@@ -79,6 +81,8 @@ from arbiter.streams.shells.trust import Gate, LiveTrust
 
 log = logging.getLogger("arbiter.worker")
 
+KAFKA_ERRORS = (KafkaError, KafkaIOError)
+"""A Kafka call failed: aiokafka's errors, or the librdkafka seam's."""
 Output = tuple[str, bytes, bytes]
 """(topic, key, encoded value): one record to produce."""
 REPORT_S = 10.0
@@ -229,6 +233,9 @@ class Worker:
         self._lose_outputs = None if (prefix := lost_outputs_failpoint()) is None else prefix.encode()
         self.rules = Rules.from_settings(settings)
         self.exactly_once = settings.processing_guarantee == "exactly_once"
+        self.rdkafka = settings.kafka_client == "librdkafka" and not self.exactly_once
+        """The input consumer and the producer on librdkafka (``arbiter.edge.kafkaio.group``); under
+        ``exactly_once`` (its per-partition transactional producers) they stay on aiokafka."""
         self.signer = signer_for(settings.home, settings.identity or ROLE_WORKER, settings.identity_key)
         self.registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
         self.gate = Gate(self.registry, enabled=settings.verify_signatures)
@@ -259,8 +266,9 @@ class Worker:
         self.stop_asked: float | None = None
         """When (``time.monotonic``) the stop was asked for: what the log's time to stop counts from."""
         self.exit_code = 0
-        self.consumer: AIOKafkaConsumer | None = None
-        self.producer: AIOKafkaProducer | None = None
+        self.consumer: Any = None
+        """The input consumer: an ``AIOKafkaConsumer``, or an ``RdGroup`` (``self.rdkafka``)."""
+        self.producer: Any = None
         """Outputs under at_least_once; ticks and announcements always (never in a transaction)."""
         self.transactional: dict[TopicPartition, AIOKafkaProducer] = {}
         self.restorer: AIOKafkaConsumer | None = None
@@ -287,6 +295,11 @@ class Worker:
             linger_ms=self.settings.producer_linger_ms, max_request_size=2 * self.settings.max_message_bytes,
             max_batch_size=max(BATCH_BYTES, 2 * self.settings.max_message_bytes),
             transactional_id=transactional_id, **self.kafka)
+
+    def _batches(self, producer: Any = None) -> _Batches | _RdBatches:
+        """A packer of records for ``producer`` (default: the worker's own)."""
+        producer = self.producer if producer is None else producer
+        return _RdBatches(producer) if isinstance(producer, RdProducer) else _Batches(producer)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -319,7 +332,7 @@ class Worker:
             if isinstance(failed, TopicError):
                 log.error("worker %s could not start: %s", self.me, failed)
                 self.exit_code = 1
-            elif isinstance(failed, KafkaError | OSError | TimeoutError):
+            elif isinstance(failed, KafkaError | KafkaIOError | OSError | TimeoutError):
                 log.error("worker %s could not start: Kafka at %s: %s", self.me, settings.bootstrap,
                           describe(failed))
                 self.exit_code = EXIT_UNAVAILABLE
@@ -336,9 +349,10 @@ class Worker:
         gc.set_threshold(*GC_THRESHOLDS)
         ticker = asyncio.create_task(self._tick_forever(), name="arbiter-ticks")
         lease = self.rules.leases
-        log.info("worker %s started: %s, signatures %s; rules: max ttl %g s, max wait %g s, lock order %s, id "
+        log.info("worker %s started on %s: %s, signatures %s; rules: max ttl %g s, max wait %g s, lock order %s, id "
                  "window %g s, policies %s; waiting for partitions from group %s", self.me,
-                 settings.processing_guarantee, "verified" if settings.verify_signatures else "NOT verified",
+                 "librdkafka" if self.rdkafka else "aiokafka", settings.processing_guarantee,
+                 "verified" if settings.verify_signatures else "NOT verified",
                  lease.max_ttl_ms / 1000, lease.max_wait_ms / 1000, lease.lock_order, lease.id_window_ms / 1000,
                  settings.policies, settings.app_id)
         consuming = asyncio.ensure_future(self._consume())
@@ -374,7 +388,7 @@ class Worker:
             log.error("this worker's key %s (%s) is not registered as an active worker identity; run "
                       "'arbiter agents add %s --role worker'", self.signer.key_id[:16], self.signer.name,
                       self.signer.name)
-        self.producer = self._producer()
+        self.producer = RdProducer(settings) if self.rdkafka else self._producer()
         await self.producer.start()
         self.restorer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
                                          enable_auto_commit=False, isolation_level="read_committed",
@@ -385,6 +399,14 @@ class Worker:
             worker_id=self.me, rules_json=self.rules.to_json(), processing_guarantee=settings.processing_guarantee,
             partitions=settings.partitions, started_at_ms=now_ms()))
         session, heartbeat = await self._session_timeouts()
+        if self.rdkafka:
+            self.consumer = RdGroup(settings, client_id=self.me, group_id=settings.app_id,
+                                    session_ms=round(session * 1000), heartbeat_ms=round(heartbeat * 1000),
+                                    rebalance_ms=max(30_000, round(3 * session * 1000)),
+                                    max_batch=settings.max_batch)
+            self.consumer.subscribe(sorted(self.inputs), listener=_Listener(self))
+            await self.consumer.start()
+            return
         self.consumer = AIOKafkaConsumer(
             # Its client id is the worker's: the group's members say which workers run (the console shows them).
             client_id=self.me, bootstrap_servers=settings.bootstrap, group_id=settings.app_id, enable_auto_commit=False,
@@ -429,7 +451,7 @@ class Worker:
         async with self.lock:
             try:
                 await asyncio.wait_for(self._settled(), STOP_BUDGET / 4)
-            except (KafkaError, TimeoutError) as exc:
+            except (*KAFKA_ERRORS, TimeoutError) as exc:
                 log.warning("the last batch was not committed (its next owner decides it again): %s",
                             describe(exc))
             if self.consumer is not None:
@@ -493,9 +515,9 @@ class Worker:
                 if self._acked is not None:
                     await self._acked
                 assert self.producer is not None
-                changelog = _Batches(self.producer)
+                changelog = self._batches()
                 sent = await self._produce(self.producer, outputs, tps, changelog)
-            except KafkaError as exc:
+            except KAFKA_ERRORS as exc:
                 await self._failed(exc, tps)
                 return
             loop = asyncio.get_running_loop()
@@ -529,9 +551,9 @@ class Worker:
         self._retries.add(retry)
         retry.add_done_callback(self._retries.discard)
 
-    async def _settle(self, sent: list[asyncio.Future[Any]], changelog: _Batches, previous: asyncio.Task[None] | None,
-                      acked: asyncio.Future[None], offsets: dict[TopicPartition, int], inputs: int, outputs: int,
-                      deciding: float) -> None:
+    async def _settle(self, sent: list[asyncio.Future[Any]], changelog: _Batches | _RdBatches,
+                      previous: asyncio.Task[None] | None, acked: asyncio.Future[None],
+                      offsets: dict[TopicPartition, int], inputs: int, outputs: int, deciding: float) -> None:
         """Wait for a batch's outputs to be acknowledged (then ``acked`` is done), then for the batch before
         it to settle, then send its changelog and wait for that, then commit its offsets. It runs while
         the next batch is decided and sent: a failure here, or in the batch before, rewinds both.
@@ -567,7 +589,7 @@ class Worker:
         pending.update(offsets)
         try:
             await self.consumer.commit(pending)
-        except KafkaError as exc:
+        except KAFKA_ERRORS as exc:
             self._uncommitted = pending
             log.warning("committing %s failed (%s); the next commit carries it", _names(set(pending)), exc)
         else:
@@ -584,7 +606,7 @@ class Worker:
     async def _failed(self, exc: BaseException, tps: set[TopicPartition]) -> None:
         """A batch could not be written or committed: every partition with decisions not committed
         (this batch's, and the one in flight before it) goes back to its last commit."""
-        with contextlib.suppress(KafkaError):
+        with contextlib.suppress(*KAFKA_ERRORS):
             await self._settled()
         dirty = tps | set(self.owned)
         self._distrust(dirty)
@@ -645,7 +667,7 @@ class Worker:
             await producer.send_offsets_to_transaction({tp: offset}, self.settings.app_id)
             await producer.commit_transaction()
             self.stats.add(len(records), len(outputs), t1 - t0, t2 - t1, time.perf_counter() - t2)
-        except KafkaError as exc:
+        except KAFKA_ERRORS as exc:
             assert self.consumer is not None
             if tp in self.revoking or tp not in self.consumer.assignment():
                 # Revoked while it was in flight, and fenced by the next owner: that one starts from the last
@@ -658,21 +680,21 @@ class Worker:
                 return
             log.error("the transaction for %s failed (%s); rewinding it to the last commit", _names({tp}), exc)
             if not isinstance(exc, ProducerFenced):  # a fenced producer is in a fatal state: abort refuses
-                with contextlib.suppress(KafkaError):
+                with contextlib.suppress(*KAFKA_ERRORS):
                     await producer.abort_transaction()
             await self._rewind({tp})
             return
         self.next[tp] = self.decided_to[tp] = offset
 
     async def _produce(self, producer: AIOKafkaProducer, outputs: list[Output], tps: set[TopicPartition],
-                       changelog: _Batches | None = None) -> list[asyncio.Future[Any]]:
+                       changelog: _Batches | _RdBatches | None = None) -> list[asyncio.Future[Any]]:
         """Queue the decisions, then the changelog of the state they leave; the futures of their
         acknowledgements. Given ``changelog``, the changelog records are packed there now (the next
         batch may change the tables before they go) and left for the caller to send.
 
         Records are packed into one batch per partition (``BatchBuilder``), not sent one by one:
         aiokafka's per-message ``send`` costs more than a decision, and ships tiny requests."""
-        batches = _Batches(producer)
+        batches = self._batches(producer)
         changes = batches if changelog is None else changelog
         partitions = self.settings.partitions
         lose, lost = self._lose_outputs, False
@@ -722,7 +744,7 @@ class Worker:
             self.revoking = set(revoked)  # until the assignment: nothing of them is decided meanwhile
             try:
                 await self._settled()
-            except KafkaError as exc:  # the next owner starts at the last commit, and decides the rest
+            except KAFKA_ERRORS as exc:  # the next owner starts at the last commit, and decides the rest
                 log.error("the last batch before the rebalance was not committed: %s", exc)
                 self._distrust()
             log.info("rebalance: %d partitions revoked (%s)", len(revoked), _names(revoked))
@@ -735,7 +757,7 @@ class Worker:
             self.revoking = set()
             try:
                 await self._settled()  # (revoked did it, unless this worker's first assignment)
-            except KafkaError:
+            except KAFKA_ERRORS:
                 self._distrust()
             started = time.monotonic()
             self.generation += 1
@@ -769,7 +791,7 @@ class Worker:
                 await self._fence(restore)
             try:
                 restored = await self._restore(restore)
-            except KafkaError as exc:
+            except KAFKA_ERRORS as exc:
                 log.error("restoring %s failed (%s); trying again in 1 s", _names(restore), exc)
                 self.owned = set(assigned) - restore
                 retry = asyncio.get_running_loop().create_task(self._rewind_later(restore))
@@ -874,7 +896,7 @@ class Worker:
                 else:
                     self.consumer.seek(tp, committed)
             return True
-        except KafkaError as exc:
+        except KAFKA_ERRORS as exc:
             log.error("rewinding %s failed too (%s); trying again in 1 s", _names(tps), exc)
             self.owned -= tps  # their records are fetched again, and wait, until this succeeds
             self.generation += 1
@@ -927,7 +949,7 @@ class Worker:
         try:
             sent = await self.producer.send(topic, value, key=TICK_KEY, partition=partition,
                                             headers=self.signer.sign(topic, TICK_KEY, value, now_ms()))
-        except KafkaError as exc:
+        except KAFKA_ERRORS as exc:
             log.warning("tick for %s[%d] not sent: %s", topic, partition, exc)
             return
         sent.add_done_callback(_log_tick_failure)
@@ -991,6 +1013,24 @@ class _Batches:
                 for topic, partition, builder in self.full]
         self.full.clear()
         return sent
+
+
+class _RdBatches:
+    """Records in order, handed to the librdkafka producer together (it batches them itself)."""
+
+    def __init__(self, producer: RdProducer) -> None:
+        self.producer = producer
+        self.records: list[tuple[str, int | None, bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
+
+    def add(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+            headers: list[tuple[str, bytes]]) -> None:
+        """Append one record."""
+        self.records.append((topic, partition, key, value, headers))
+
+    async def send(self) -> list[asyncio.Future[Any]]:
+        """Queue every record, in order; the future of their acknowledgement (none if there are none)."""
+        records, self.records = self.records, []
+        return [await self.producer.produce(records)] if records else []
 
 
 def _retrieved(fut: asyncio.Future[Any]) -> None:

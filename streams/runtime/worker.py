@@ -1,10 +1,13 @@
-"""The worker: the processors on an aiokafka consumer group, one fetched batch at a time.
+"""The worker: the processors on a Kafka consumer group, one fetched batch at a time.
 
 Theory of operation
 -------------------
-One consumer, in the ``app_id`` group, reads the three input topics (resource commands,
-wait edges, saga commands). ``getmany`` hands back whatever has arrived (a batch is never
-waited for), and each batch goes through four steps under one lock:
+One consumer, in the ``app_id`` group, reads the three input topics (resource
+commands, wait edges, saga commands): librdkafka's under ``at_least_once``
+(``arbiter.edge.kafkaio.group``), aiokafka's under ``exactly_once`` or with
+``kafka_client=aiokafka``; both answer the same few calls. ``getmany`` hands back whatever
+has arrived (a batch is never waited for), and each batch goes through four steps under one
+lock:
 
 1. **Decide.** Every record, partition by partition in log order, through the one path
    every input takes (``arbiter.streams.shells.pipeline``): decode, the trust gate, the

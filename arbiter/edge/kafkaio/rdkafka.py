@@ -314,7 +314,9 @@ class RdReader:
             try:
                 return await self._end_offset(topic, partition)
             except KafkaIOError as exc:  # a partition created a moment ago may have no leader yet
-                if not exc.retriable or time.monotonic() > deadline:
+                # (but no broker answering is said at once, whichever of the two paths said it first:
+                # the query's own error, or the error callback's)
+                if not exc.retriable or self._errors.down is not None or time.monotonic() > deadline:
                     raise
                 await asyncio.sleep(0.05)
 

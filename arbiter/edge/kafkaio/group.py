@@ -29,19 +29,21 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import Future as ThreadFuture
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, NamedTuple
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED, Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_STORED, Consumer, KafkaError, KafkaException
 from confluent_kafka import TopicPartition as RdPartition
 
 from ..settings import Settings
 from . import Headers, KafkaIOError
-from .rdkafka import _common, _Errors, io_error
+from .rdkafka import PolledProducer, _common, _Errors, io_error
 
 log = logging.getLogger("arbiter.kafka")
 
@@ -204,7 +206,7 @@ class RdGroup:
             raise KafkaIOError(f"the worker's Kafka consumer stopped: {self._failed}", retriable=False)
         if not self._arrived:
             wake.clear()
-            with _suppress_timeout():
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout_ms / 1000)
         out: dict[Partition, list[Fetched]] = {}
         count = 0
@@ -396,65 +398,22 @@ async def _call(work: Callable[[], Awaitable[None]]) -> None:
     await work()
 
 
-class _suppress_timeout:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, *_rest: object) -> bool:
-        return kind is TimeoutError
-
-
-class RdProducer:
+class RdProducer(PolledProducer):
     """The worker's producer on librdkafka: idempotent, ``acks=all``, records to the partitions named."""
 
     def __init__(self, settings: Settings) -> None:
-        self.settings = settings
-        self._errors = _Errors("worker producer")
-        self._producer: Producer | None = None
-        self._thread: threading.Thread | None = None
-        self._stopping = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._reports: list[tuple[_Pending, KafkaError | None]] = []
+        super().__init__(settings, "worker producer")
 
     async def start(self) -> None:
         settings = self.settings
-        self._loop = asyncio.get_running_loop()
-        try:
-            self._producer = Producer({
-                **_common(settings, self._errors),
-                "acks": "all",
-                "enable.idempotence": True,  # retries keep each partition's order; none is written twice
-                "linger.ms": settings.producer_linger_ms,
-                "partitioner": "murmur2_random",  # (records the worker keys itself: Kafka's Java rule)
-                "message.max.bytes": 2 * settings.max_message_bytes,
-                "message.timeout.ms": 30_000,
-            })
-        except KafkaException as exc:
-            raise io_error(exc, "cannot make the worker's Kafka producer") from exc
-        self._thread = threading.Thread(target=self._serve, name="arbiter-worker-producer", daemon=True)
-        self._thread.start()
-
-    async def stop(self) -> None:
-        producer, self._producer = self._producer, None
-        if producer is None:
-            return
-        self._stopping.set()
-        loop = asyncio.get_running_loop()
-        if self._thread is not None:
-            await loop.run_in_executor(None, self._thread.join)
-        await loop.run_in_executor(None, producer.flush, 2.0)
-        reports, self._reports = self._reports, []
-        _settle_all(reports)
-
-    def _serve(self) -> None:
-        producer, loop = self._producer, self._loop
-        assert producer is not None and loop is not None
-        while not self._stopping.is_set():
-            producer.poll(0.1)
-            if self._reports:
-                reports, self._reports = self._reports, []
-                if not loop.is_closed():
-                    loop.call_soon_threadsafe(_settle_all, reports)
+        self._start({
+            "acks": "all",
+            "enable.idempotence": True,  # retries keep each partition's order; none is written twice
+            "linger.ms": settings.producer_linger_ms,
+            "partitioner": "murmur2_random",  # (records the worker keys itself: Kafka's Java rule)
+            "message.max.bytes": 2 * settings.max_message_bytes,
+            "message.timeout.ms": 30_000,
+        }, "arbiter-worker-producer", "cannot make the worker's Kafka producer")
 
     async def produce(self, records: list[tuple[str, int | None, bytes | None, bytes | None, Headers]]
                       ) -> asyncio.Future[None]:
@@ -468,7 +427,7 @@ class RdProducer:
         if not records:
             done.set_result(None)
             return done
-        report = pending.report_to(self)
+        report = partial(self._report, pending.settle)
         for topic, partition, key, value, given in records:
             headers: list[tuple[str, str | bytes | None]] | None = list(given) if given else None
             while True:
@@ -506,11 +465,6 @@ class _Pending:
     def __init__(self, done: asyncio.Future[None], left: int) -> None:
         self.done, self.left = done, left
 
-    def report_to(self, producer: RdProducer) -> Callable[[Any, Any], None]:
-        def report(err: KafkaError | None, _msg: Any) -> None:  # in the producer's thread (poll, flush)
-            producer._reports.append((self, err))
-        return report
-
     def fail(self, exc: BaseException) -> None:
         if not self.done.done():
             self.done.set_exception(exc)
@@ -525,7 +479,3 @@ class _Pending:
         if self.left == 0:
             self.done.set_result(None)
 
-
-def _settle_all(reports: list[tuple[_Pending, KafkaError | None]]) -> None:
-    for pending, err in reports:
-        pending.settle(err)

@@ -30,6 +30,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future as ThreadFuture
 from functools import partial
 from typing import Any
@@ -145,51 +146,47 @@ def _settle(fut: asyncio.Future[None], err: KafkaError | None) -> None:
         fut.set_exception(io_error(err, "Kafka did not take the record"))
 
 
-class RdSender:
-    """Sends through one librdkafka producer; one thread serves its delivery reports."""
+Settle = Callable[[KafkaError | None], None]
+"""What one delivery report settles: given the record's error, or None once it is acknowledged."""
 
-    def __init__(self, settings: Settings) -> None:
+
+class PolledProducer:
+    """One librdkafka producer and the thread that serves its delivery reports (``poll``): the
+    reports one poll served are handed to the loop together, one wake-up for all of them."""
+
+    def __init__(self, settings: Settings, name: str) -> None:
         self.settings = settings
-        self._errors = _Errors("producer")
+        self._errors = _Errors(name)
         self._producer: Producer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._reports: list[tuple[asyncio.Future[None], KafkaError | None]] = []
+        self._reports: list[tuple[Settle, KafkaError | None]] = []
         """Delivery reports a poll served, handed to the loop together when it returns."""
 
-    async def start(self) -> None:
-        settings = self.settings
+    def _start(self, config: dict[str, Any], thread: str, what: str) -> None:
+        """Make the producer (``config`` on top of the common settings) and start its thread."""
         self._loop = asyncio.get_running_loop()
         try:
-            self._producer = Producer({
-                **_common(settings, self._errors),
-                "acks": "all",
-                "linger.ms": 0,
-                "partitioner": "murmur2_random",
-                "message.max.bytes": 2 * settings.max_message_bytes,
-                # librdkafka retries a send this long by itself; the SDK's own deadline is the same.
-                "message.timeout.ms": max(1000, int(settings.send_retry_seconds * 1000)),
-            })
+            self._producer = Producer({**_common(self.settings, self._errors), **config})
         except KafkaException as exc:
-            raise io_error(exc, "cannot make a Kafka producer") from exc
-        self._thread = threading.Thread(target=self._serve, name="arbiter-kafka-producer", daemon=True)
+            raise io_error(exc, what) from exc
+        self._thread = threading.Thread(target=self._serve, name=thread, daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
-        producer = self._producer
-        assert producer is not None
-        loop = self._loop
-        assert loop is not None
+        producer, loop = self._producer, self._loop
+        assert producer is not None and loop is not None
         while not self._stopping.is_set():
             producer.poll(0.1)
-            if self._reports:  # one wake-up of the loop for all of them, not one each
+            if self._reports:
                 reports, self._reports = self._reports, []
-                loop.call_soon_threadsafe(_settle_all, reports)
+                if not loop.is_closed():
+                    loop.call_soon_threadsafe(_settle_all, reports)
 
-    def _report(self, fut: asyncio.Future[None], err: KafkaError | None, _msg: Any) -> None:
+    def _report(self, settle: Settle, err: KafkaError | None, _msg: Any) -> None:
         """librdkafka's delivery callback: runs inside ``poll`` or ``flush``, in their thread."""
-        self._reports.append((fut, err))
+        self._reports.append((settle, err))
 
     async def stop(self) -> None:
         producer, self._producer = self._producer, None
@@ -202,6 +199,24 @@ class RdSender:
         await loop.run_in_executor(None, producer.flush, 2.0)
         reports, self._reports = self._reports, []  # what the flush served (the thread has ended)
         _settle_all(reports)
+
+
+class RdSender(PolledProducer):
+    """Sends through one librdkafka producer; one thread serves its delivery reports."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, "producer")
+
+    async def start(self) -> None:
+        settings = self.settings
+        self._start({
+            "acks": "all",
+            "linger.ms": 0,
+            "partitioner": "murmur2_random",
+            "message.max.bytes": 2 * settings.max_message_bytes,
+            # librdkafka retries a send this long by itself; the SDK's own deadline is the same.
+            "message.timeout.ms": max(1000, int(settings.send_retry_seconds * 1000)),
+        }, "arbiter-kafka-producer", "cannot make a Kafka producer")
 
     async def partitions(self, topic: str) -> int:
         producer = self._producer
@@ -240,7 +255,7 @@ class RdSender:
         if producer is None or loop is None:
             raise KafkaIOError("the sender is not started", retriable=False)
         fut: asyncio.Future[None] = loop.create_future()
-        report = partial(self._report, fut)
+        report = partial(self._report, partial(_settle, fut))
         extra: list[tuple[str, str | bytes | None]] | None = list(headers) if headers else None
         while True:
             try:
@@ -253,9 +268,9 @@ class RdSender:
         await fut
 
 
-def _settle_all(reports: list[tuple[asyncio.Future[None], KafkaError | None]]) -> None:
-    for fut, err in reports:
-        _settle(fut, err)
+def _settle_all(reports: list[tuple[Settle, KafkaError | None]]) -> None:
+    for settle, err in reports:
+        settle(err)
 
 
 class RdReader:

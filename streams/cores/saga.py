@@ -19,7 +19,9 @@ Each compensation runs at most once: its intent id is derived from the saga, the
 and the attempt, and an attempt is only retried (with the next attempt number) after
 the gateway said it applied nothing. A restart resumes from the recorded state.
 
-Never stuck, never looping: a refusal that cannot change by retrying (an unknown tool,
+Never stuck, never looping: a compensation's lease request that ends without a grant (refused,
+timed out, or taken out of the queue as a deadlock victim) is tried again like a refused write; a
+refusal that cannot change by retrying (an unknown tool,
 no write policy, bad arguments, a lease the configuration refuses) ends the saga at
 once, and any other refusal is retried at most ``MAX_COMPENSATION_ATTEMPTS`` times; then
 the saga ends ``COMPENSATION_FAILED`` with what it could and could not undo, for a
@@ -42,6 +44,7 @@ from arbiter.schemas import (
     Cause,
     Compensated,
     CompensationRequested,
+    LockCancelled,
     LockDenied,
     LockGranted,
     LockReleased,
@@ -134,8 +137,8 @@ class Saga:
                       reverse=True)
 
 
-SagaInput = (SagaStep | CompensationRequested | LockGranted | LockDenied | LockWaitTimedOut | LockReleased
-             | ToolApplied | ToolRejected)
+SagaInput = (SagaStep | CompensationRequested | LockGranted | LockDenied | LockWaitTimedOut | LockCancelled
+             | LockReleased | ToolApplied | ToolRejected)
 SagaOutput = LockRequested | LockReleaseRequested | ToolIntent | Compensated | SagaFinished | CompensationRequested
 
 
@@ -220,8 +223,12 @@ def decide(saga: Saga, message: SagaInput, now_ms: int, cause: Cause) -> list[Sa
             arguments_json=record.compensate_arguments_json or "{}", saga_id=saga.saga_id, step=undo.step,
             is_compensation=True, sent_at_ms=now_ms,
         )]
-    if isinstance(message, LockDenied | LockWaitTimedOut) and message.request_id == undo.lock_request_id:
-        reason = message.reason if isinstance(message, LockDenied) else Reason.WAIT_TIMED_OUT.value
+    ended = LockDenied | LockWaitTimedOut | LockCancelled
+    if isinstance(message, ended) and message.request_id == undo.lock_request_id and undo.phase == "acquiring":
+        # Every way a lease request ends without a grant: refused, waited too long, or taken out of the queue
+        # (a deadlock victim, whose cycle may be made of compensations only). Left unanswered, the saga would
+        # wait in COMPENSATING for a grant that never comes.
+        reason = message.reason if isinstance(message, LockDenied | LockCancelled) else Reason.WAIT_TIMED_OUT.value
         return [_retry(saga, undo, reason, now_ms, cause)]  # try for the lease again, or give up
     if isinstance(message, ToolApplied | ToolRejected) and message.intent_id == undo.intent_id:
         release = LockReleaseRequested(request_id=f"{undo.intent_id}|release", agent_id=saga.saga_id,

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from arbiter.schemas import (
     Cause,
     ContractError,
-    LockCancelled,
     LockExpired,
     LockQueued,
     LockReleaseRequested,
@@ -30,8 +29,7 @@ from arbiter.streams.cores.saga import COMPENSATION_FAILED, Saga, SagaInput
 from arbiter.streams.cores.trust import saga_owner
 from arbiter.streams.shells.routes import SAGA_PREFIX, Routes, Send
 
-NOTHING_TO_DO = (LockQueued, LockRenewed, LockExpired, LockRevoked, LockCancelled, MergeQueued, MergeChecked,
-                 MergeReplanned)
+NOTHING_TO_DO = (LockQueued, LockRenewed, LockExpired, LockRevoked, MergeQueued, MergeChecked, MergeReplanned)
 """Answers the resource processor sends a saga's agent (``Routes.reply_to``) that move no saga on: a
 compensation's lease queued behind a holder, or its merge's progress, say. Taken and let be, not dead-lettered (they are
 the processors' own answers, not a command on the wrong topic)."""

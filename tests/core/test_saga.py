@@ -230,3 +230,32 @@ def test_a_step_reported_after_the_saga_was_compensated_is_undone_too() -> None:
     r.applied(intent)
     assert [o.step for o in r.out if isinstance(o, Compensated)] == [0, 1]
     assert r.saga.status == COMPENSATED
+
+
+def test_a_compensation_taken_out_of_the_queue_asks_again_then_gives_up_for_a_human() -> None:
+    """A waiting compensation chosen as a deadlock victim (LockCancelled) is another attempt, bounded like
+    a refused write; an answer about a lease request already granted changes nothing."""
+    from arbiter.schemas import LockCancelled, LockDenied
+
+    r = Runner()
+    r.step(0)
+    (lock,) = r.feed(abort())
+    for attempt in range(1, MAX_COMPENSATION_ATTEMPTS + 1):
+        assert lock.request_id.split("|")[-2] == str(attempt)
+        (lock,) = r.feed(LockCancelled(request_id=lock.request_id, agent_id=SAGA, resource=lock.resource,
+                                       reason="deadlock_victim", by_request_id="v", by_agent_id="deadlock-detector",
+                                       decided_at_ms=0, cause=CAUSE))
+        if isinstance(lock, SagaFinished):
+            break
+    assert isinstance(lock, SagaFinished) and lock.outcome == COMPENSATION_FAILED
+    assert json.loads(lock.detail or "{}")["last_reason"] == "deadlock_victim"
+
+    r = Runner()
+    r.step(0)
+    (lock,) = r.feed(abort())
+    (intent,) = r.grant(lock)
+    late = LockDenied(request_id=lock.request_id, agent_id=SAGA, resource=lock.resource, reason="request_id_taken",
+                      detail="{}", decided_at_ms=0, cause=CAUSE)
+    assert r.feed(late) == [], "the lease was granted: a refusal of its request id again ends nothing"
+    outputs = r.applied(intent)
+    assert isinstance(outputs[-1], SagaFinished) and outputs[-1].outcome == COMPENSATED

@@ -228,6 +228,10 @@ class LeaseBook:
     owners: dict[str, str] = field(default_factory=dict)
     """request id -> the sender of its first decision ("" in a book written before senders were
     recorded for cancels and revokes: any sender's command with that id is a repeat)."""
+    born: int | None = None
+    """The input offset at which the book was first kept (None: unknown, a book written before this was
+    recorded). Commands on its resource at lower offsets were decided on no book, and left none: a
+    command redelivered from before it is decided as it was, on an empty book (``ResourceShell.decide``)."""
     forgotten_sent_ms: int | None = None
     """The latest send time of an id forgotten early (over ``max_remembered_ids``): nothing sent
     at or before it is decided any more, so a forgotten id can never be decided again."""
@@ -307,7 +311,7 @@ class LeaseBook:
         """An independent copy (leases are immutable and shared; waiters are copied)."""
         return LeaseBook(self.resource, self.last_token, self.clock_ms, self.seq, dict(self.holders),
                          [copy.copy(w) for w in self.queue], dict(self.seen), dict(self.owners),
-                         self.forgotten_sent_ms, id_next=self.id_next).index()
+                         self.born, self.forgotten_sent_ms, id_next=self.id_next).index()
 
     def is_idle(self) -> bool:
         """No holders and no waiters (the token counter still matters)."""
@@ -335,6 +339,8 @@ class LeaseBook:
             ],
             "forgotten_sent_ms": self.forgotten_sent_ms,
         }
+        if self.born is not None:
+            head["born"] = self.born
         if tail is not None:
             newest = list(itertools.islice(reversed(self.seen.items()), tail))[::-1] if tail else []
             head["ids"] = {"next": self.id_next, "live": len(self.seen), "tail": self.id_rows(newest)}
@@ -370,6 +376,7 @@ class LeaseBook:
                 Waiter(w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7], w[8], tuple(w[9])) for w in data["queue"]
             ],
             forgotten_sent_ms=data.get("forgotten_sent_ms"),
+            born=data.get("born"),
         )
         if isinstance(ids, dict):  # the changelog's head: the newest ids; the older come in chunks (``taken``)
             book.add_id_rows(ids["tail"])

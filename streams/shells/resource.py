@@ -158,6 +158,14 @@ class ResourceShell:
     async def decide(self, key: bytes, command: LockCommand, now_ms: int, cause: Cause) -> list[LockEvent]:
         """Decide one lock command for the resource ``key`` and publish the result."""
         stored = self.books.get(key)
+        if stored is not None and stored.born is not None and 0 <= cause.offset < stored.born:
+            # Redelivered from before the book was kept (a worker that died between its changelog and its
+            # commit): it was decided on no book and left none. Deciding it on this one would give it a
+            # second decision (a refused revoke or release would now take a later lease away).
+            events = step(new_book(key.decode("utf-8", errors="replace")), command, now_ms, cause, self.rules,
+                          self._version(key))
+            await self._publish(key, events)
+            return events
         fresh = stored is None
         book = new_book(key.decode("utf-8", errors="replace")) if stored is None else stored
         events = self._step(key, book, command, now_ms, cause, fresh)
@@ -165,6 +173,8 @@ class ResourceShell:
         if not (fresh and book.is_idle() and book.last_token == 0):
             # A command that changed nothing on a never-used resource (bad input, say)
             # leaves no book behind.
+            if fresh and cause.offset >= 0:
+                book.born = cause.offset
             self.books[key] = book
             self._remember_deadline(cause.partition, key, book)
         if events and key.startswith(b"repo:"):

@@ -22,8 +22,10 @@ from arbiter.audit.replay import Engine
 from arbiter.edge.settings import Settings
 from arbiter.schemas import (
     CompensationRequested,
+    LockCancelRequested,
     LockReleaseRequested,
     LockRequested,
+    LockRevokeRequested,
     Record,
     SagaStep,
     ToolIntent,
@@ -48,6 +50,11 @@ _steps = st.lists(st.one_of(
     st.tuples(st.just("step"), st.sampled_from(AGENTS), st.sampled_from(RESOURCES)),
     st.tuples(st.just("abort"), st.sampled_from(AGENTS), st.just("")),
     st.tuples(st.just("finish"), st.sampled_from(AGENTS), st.just("")),
+    # The detector takes a lease or a wait away: an agent's, or a saga's compensation's.
+    # A release and a cancel sent before there is anything to release or cancel (the next lock's id).
+    st.tuples(st.just("stray"), st.sampled_from(AGENTS), st.sampled_from(RESOURCES)),
+    st.tuples(st.just("revoke"), st.sampled_from([*AGENTS, *(f"saga:{a}/work:1" for a in AGENTS)]),
+              st.sampled_from(RESOURCES)),
 ), min_size=1, max_size=40)
 
 
@@ -127,6 +134,16 @@ async def _play(steps: list[tuple[str, str, str]]) -> tuple[_Log, Engine]:
             saga = f"saga:{agent}/work:1"
             await log.send(topics.saga_commands, saga.encode(), CompensationRequested(
                 saga_id=saga, reason="test", requested_by=agent, at_ms=log.now))
+        elif kind == "stray":
+            await log.send(topics.resource_commands, other.encode(), LockReleaseRequested(
+                request_id=f"s{n}", agent_id=agent, resource=other, token=1, sent_at_ms=log.now))
+            await log.send(topics.resource_commands, other.encode(), LockCancelRequested(
+                request_id=f"c{n}", agent_id=agent, resource=other, target_request_id=f"q{n + 1}",
+                sent_at_ms=log.now))
+        elif kind == "revoke":
+            await log.send(topics.resource_commands, other.encode(), LockRevokeRequested(
+                request_id=f"v{n}", resource=other, agent_id=agent, reason="deadlock_victim",
+                requested_by="deadlock-detector", sent_at_ms=log.now))
         else:
             await log.send(topics.wait_edges, GRAPH, WaitEdgeRemoved(
                 edge_id=f"delegate|{agent}|{other}", waiter=agent, holder=other, source="delegation",
@@ -179,5 +196,24 @@ def test_a_wait_that_recurs_after_its_end_is_a_wait_again() -> None:
         edges = engine.settings.topics.wait_edges
         detections = [r for t, _k, r in log.sent if t == edges and type(r).__name__ == "DeadlockDetected"]
         assert len(detections) == 1, log.sent
+
+    asyncio.run(check())
+
+
+def test_a_compensation_taken_out_of_the_queue_is_tried_again_not_left_waiting() -> None:
+    """A saga's compensation queued behind a holder and then chosen as a deadlock victim (a cycle can be
+    made of compensations only) asks for the lease again; once the holder is gone the step is undone."""
+    steps = [("lock", "ann", "ticket:a"), ("step", "bob", "ticket:a"), ("abort", "bob", ""),
+             ("revoke", "saga:bob/work:1", "ticket:a"), ("release", "ann", "ticket:a")]
+
+    async def check() -> None:
+        log, engine = await _play(steps)
+        names = [type(r).__name__ for _t, _k, r in log.sent]
+        assert "LockCancelled" in names, names
+        asks = [r for _t, _k, r in log.sent if isinstance(r, LockRequested) and r.agent_id == "saga:bob/work:1"]
+        assert [a.request_id.split("|")[-2] for a in asks] == ["1", "2"], "the second attempt asks again"
+        (saga,) = engine.sagas.values()
+        assert saga.status == "COMPENSATED" and saga.compensated == [1]
+        assert not [r for t, _k, r in log.sent if t == engine.settings.topics.dead_letter]
 
     asyncio.run(check())

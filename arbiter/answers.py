@@ -12,6 +12,7 @@ import click
 from aiokafka.errors import KafkaError
 
 from arbiter.edge.kafkaconn import describe
+from arbiter.edge.kafkaio import KafkaIOError
 from arbiter.edge.settings import Settings
 from arbiter.schemas.identity import IdentityError
 
@@ -52,7 +53,7 @@ def lock_run(settings: Settings, work: Any) -> Any:
     except ArbiterUnavailable as exc:
         answer({"reason": "unavailable", "detail": str(exc), "retriable": True,
                  "what_to_do": "Retry shortly; is Kafka up ('arbiter kafka status')?"}, "unavailable")
-    except (KafkaError, ConnectionError) as exc:
+    except (KafkaError, KafkaIOError, ConnectionError) as exc:
         answer({"reason": "unavailable", "detail": f"Kafka at {settings.bootstrap} could not be reached: "
                                                     f"{describe(exc)}",
                  "retriable": True, "what_to_do": "Retry shortly; is Kafka up ('arbiter kafka status')?"},

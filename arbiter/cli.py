@@ -17,6 +17,7 @@ from aiokafka.errors import KafkaError
 from arbiter.agents.identities import ensure_identity
 from arbiter.edge.kafkaauth import kafka_client_options
 from arbiter.edge.kafkaconn import describe
+from arbiter.edge.kafkaio import KafkaIOError
 from arbiter.edge.settings import Settings
 from arbiter.schemas.identity import IdentityError
 from arbiter.streams.runtime.topics import TopicError, delete_topics_named, ensure_topics, live_topics, topic_sizes
@@ -203,7 +204,7 @@ def topics_delete(ctx: click.Context, prefix: str, yes: bool) -> None:
 def _run_kafka(settings: Settings, work: Any) -> Any:
     try:
         return asyncio.run(work)
-    except KafkaError as exc:
+    except (KafkaError, KafkaIOError) as exc:
         unreachable(settings.bootstrap, describe(exc))
 
 

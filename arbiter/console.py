@@ -62,13 +62,14 @@ class ArbiterGroup(click.Group):
 
         from arbiter.agents.errors import ArbiterUnavailable
         from arbiter.edge.kafkaconn import describe
+        from arbiter.edge.kafkaio import KafkaIOError
         from arbiter.edge.tail import TopicMissing
 
         try:
             return super().invoke(ctx)
         except TopicMissing as exc:
             fail(str(exc))
-        except (KafkaError, ArbiterUnavailable, ConnectionError) as exc:
+        except (KafkaError, KafkaIOError, ArbiterUnavailable, ConnectionError) as exc:
             unreachable((ctx.obj or {}).get("bootstrap") or _bootstrap(ctx), describe(exc))
 
 

@@ -11,6 +11,7 @@ import click
 from aiokafka.errors import KafkaError
 
 from arbiter.agents.identities import Registrar, ensure_identity
+from arbiter.edge.kafkaio import KafkaIOError
 from arbiter.edge.keys import identity_problem, key_file
 from arbiter.edge.settings import Settings
 from arbiter.schemas import IdentityRegistered
@@ -24,7 +25,7 @@ def _run(work: Any) -> Any:
         return asyncio.run(work)
     except IdentityError as exc:
         fail(str(exc))
-    except KafkaError:
+    except (KafkaError, KafkaIOError):
         raise  # (a RuntimeError too) the command group answers it as every verb does: no Kafka answers
     except RuntimeError as exc:
         fail(f"the registry could not be read: {exc}", "Are the topics created ('arbiter topics create')?")

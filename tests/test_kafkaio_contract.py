@@ -17,8 +17,9 @@ from collections.abc import AsyncIterator
 import pytest
 from aiokafka import AIOKafkaProducer
 
-from arbiter.edge.kafkaio import CLIENTS, KafkaIOError, Reader, Received, Sender, reader_for, sender_for
+from arbiter.edge.kafkaio import CLIENTS, Fetch, KafkaIOError, Reader, Received, Sender, reader_for, sender_for
 from arbiter.edge.settings import Settings
+from arbiter.edge.tail import Tail, TopicPartition
 from arbiter.schemas.partitioning import partition_for
 
 pytestmark = pytest.mark.kafka
@@ -171,6 +172,88 @@ async def test_an_open_transaction_is_past_the_end_until_it_commits(settings: Se
     while (end := await reader.end_offset(topic, 0)) < start + 2 and time.monotonic() < deadline:  # noqa: ASYNC110
         await asyncio.sleep(0.02)  # (nothing to wait on but the offset itself)
     assert end == start + 2  # the record and its commit marker
+
+
+async def committed_with_marker(settings: Settings, topic: str, key: bytes, values: list[bytes]) -> None:
+    """``values`` in one committed transaction, returned once its commit marker is in the log."""
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, transactional_id=f"t-{uuid.uuid4().hex}")
+    await producer.start()
+    try:
+        await producer.begin_transaction()
+        for value in values:
+            await producer.send_and_wait(topic, key=key, value=value)
+        await producer.commit_transaction()
+    finally:
+        await producer.stop()
+
+
+async def test_the_position_of_a_partition_ending_in_a_commit_marker_is_its_end(settings: Settings,
+                                                                               reader: Reader) -> None:
+    topic = settings.topics.agent_inbox
+    start = await reader.end_offset(topic, 0)
+    reader.add(topic, 0, start)
+    assert await reader.position(topic, 0) == start
+    await committed_with_marker(settings, topic, key_on(0), [b"a", b"b"])
+    end, got = start + 3, []  # two records and the marker
+    deadline = time.monotonic() + WAIT_S
+    while (await reader.end_offset(topic, 0) < end or await reader.position(topic, 0) < end) \
+            and time.monotonic() < deadline:
+        got.extend(await reader.read(0.1))  # (the position moves as the reader reads: waited on by reading)
+    assert [r.value for r in got] == [b"a", b"b"]
+    assert await reader.position(topic, 0) == end  # past the marker: a reader "to the end" stops
+    with pytest.raises(KafkaIOError):
+        await reader.position(topic, 1)  # not read
+
+
+async def test_offsets_and_partitions_say_what_the_log_holds(settings: Settings, sender: Sender,
+                                                             reader: Reader) -> None:
+    topic = settings.topics.agent_inbox
+    low, high = await reader.offsets(topic, 0)
+    assert 0 <= low <= high == await reader.end_offset(topic, 0)
+    await sender.send(topic, key_on(0), b"one more", None)
+    assert await reader.offsets(topic, 0) == (low, high + 1)
+    assert await reader.partitions(topic) == 2
+    assert await reader.partitions(f"no-such-topic-{uuid.uuid4().hex}") is None
+
+
+async def test_a_read_uncommitted_reader_sees_an_open_transaction(settings: Settings) -> None:
+    topic = settings.topics.agent_inbox
+    uncommitted = reader_for(settings, Fetch(isolation_level="read_uncommitted"))
+    await uncommitted.start()
+    producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, transactional_id=f"t-{uuid.uuid4().hex}")
+    await producer.start()
+    try:
+        start = await uncommitted.end_offset(topic, 0)
+        uncommitted.add(topic, 0, start)
+        await producer.begin_transaction()
+        await producer.send_and_wait(topic, key=key_on(0), value=b"open")
+        assert await uncommitted.end_offset(topic, 0) == start + 1  # the high watermark, not the stable offset
+        assert [r.value for r in await read_until(uncommitted, 1)] == [b"open"]
+        await producer.abort_transaction()
+    finally:
+        await producer.stop()
+        await uncommitted.stop()
+
+
+async def test_a_tail_reads_to_an_end_behind_a_commit_marker_and_from_a_start_clamped_to_the_log(
+        settings: Settings, sender: Sender) -> None:
+    topic = settings.topics.agent_inbox
+    tp = TopicPartition(topic, 0)
+    key = key_on(0)
+    async with Tail(settings, [topic], start="end") as probe:
+        before = (await probe.ends())[tp]
+    await sender.send(topic, key, b"plain", None)
+    await committed_with_marker(settings, topic, key, [b"in a transaction"])
+    async with Tail(settings, [tp], start={tp: before}) as tail:
+        assert tail.begun == {tp: before}
+        ends = await tail.ends()
+        assert ends[tp] == before + 3
+        got = await asyncio.wait_for(tail.read_to_end(ends), WAIT_S)  # (ends behind the marker: still returns)
+        assert [m.value for m, _ in got] == [b"plain", b"in a transaction"]
+    async with Tail(settings, [tp], start={tp: -5}) as early, Tail(settings, [tp], start={tp: 10**12}) as late:
+        low = (await early.starts())[tp]
+        assert early.begun[tp] == low and late.begun[tp] == before + 3
+        assert await asyncio.wait_for(late.read_to_end(), WAIT_S) == []
 
 
 async def test_a_record_too_large_is_refused_for_good(settings: Settings, sender: Sender) -> None:

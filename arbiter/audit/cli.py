@@ -15,6 +15,7 @@ from aiokafka.errors import KafkaError
 
 from arbiter.console import unreachable
 from arbiter.edge.kafkaconn import describe
+from arbiter.edge.kafkaio import KafkaIOError
 from arbiter.edge.settings import Settings
 
 from .log import Log, load_archive, read_log, write_archive
@@ -74,7 +75,7 @@ def load_log(settings: Settings, archive: Path | None, quiet: bool = False,
     bar = _Bar("reading the log", quiet)
     try:
         return asyncio.run(read_log(settings, bar, since=since))
-    except (KafkaError, ConnectionError) as exc:
+    except (KafkaError, KafkaIOError, ConnectionError) as exc:
         unreachable(settings.bootstrap, describe(exc))
     except Exception as exc:
         _fail(f"cannot read the log at {settings.bootstrap}: {describe(exc)}")

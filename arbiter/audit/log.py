@@ -24,11 +24,11 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from aiokafka import TopicPartition
 from pydantic_core import PydanticSerializationError
 
+from arbiter.edge.kafkaio import TopicPartition
 from arbiter.edge.settings import Settings, Topics
-from arbiter.edge.tail import Tail
+from arbiter.edge.tail import Start, Tail
 from arbiter.schemas import MODELS, Cause, ContractError, Record, WorkerStarted, default_codec
 from arbiter.schemas.codec import Codec
 
@@ -183,17 +183,12 @@ async def read_log(settings: Settings, progress: Progress | None = None,
         else settings.topics.all()
     if not where:
         return log
-    async with Tail(settings, where, start="beginning", decode=False,
+    start: Start = {TopicPartition(*tp): offset for tp, offset in since.items()} if since else "beginning"
+    async with Tail(settings, where, start=start, decode=False,
                     max_partition_fetch_bytes=4 * settings.max_message_bytes) as tail:
         if not tail.tps:
             return log
-        starts = await tail.starts()
-        if since:
-            for tp in tail.tps:
-                offset = since.get((tp.topic, tp.partition))
-                if offset is not None and offset > starts[tp]:
-                    tail.consumer.seek(tp, offset)
-                    starts[tp] = offset
+        starts = tail.begun
         ends = await tail.ends()
         total = sum(ends.values()) - sum(min(starts[tp], ends[tp]) for tp in ends)
         for message, _record in await tail.read_to_end(ends, progress=(lambda done: progress(done, total))

@@ -65,6 +65,7 @@ def chaos(ctx: click.Context, campaign: str, duration: float | None, every: floa
 
     from arbiter.console import EXIT_UNAVAILABLE, fail, say, settings_of
     from arbiter.edge.kafkaconn import describe
+    from arbiter.edge.kafkaio import KafkaIOError
 
     from .report import render
     from .runner import ChaosOptions, run_chaos
@@ -100,7 +101,7 @@ def chaos(ctx: click.Context, campaign: str, duration: float | None, every: floa
     except KeyboardInterrupt:
         say("\ninterrupted; everything the run started is stopped")
         sys.exit(130)
-    except (KafkaError, ConnectionError) as exc:
+    except (KafkaError, KafkaIOError, ConnectionError) as exc:
         fail(f"chaos {campaign} could not reach Kafka at {settings.bootstrap}: {describe(exc)}",
              "is it up? 'arbiter kafka status' says; 'arbiter kafka up' starts the local one", code=EXIT_UNAVAILABLE)
     except Exception as exc:

@@ -34,11 +34,11 @@ from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.structs import ConsumerRecord
 
 from arbiter.agents import ArbiterClient, ArbiterError
 from arbiter.edge.kafkaauth import kafka_client_options
 from arbiter.edge.kafkaconn import started
+from arbiter.edge.kafkaio import Received
 from arbiter.edge.settings import Settings, Topics
 from arbiter.edge.tail import Tail
 from arbiter.kafka import LocalKafka, LocalKafkaError, broker_answers
@@ -176,7 +176,7 @@ class LogFollower:
         self._tail = Tail(settings, [t.resource_events, t.dead_letter], isolation_level="read_uncommitted",
                           on_message=self._keep)
 
-    def _keep(self, message: ConsumerRecord, record: Record | None) -> None:
+    def _keep(self, message: Received, record: Record | None) -> None:
         if isinstance(record, self.keep):
             self.records.append((message.topic, record))
 

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from arbiter.agents import ArbiterTimeout, ArbiterUnavailable, LeaseDenied
+from arbiter.edge.kafkaio import KafkaIOError
 from arbiter.schemas import ContractError
 from arbiter.schemas.reasons import Reason, what_to_do
 
@@ -147,8 +148,8 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
 
 HANDLERS: dict[type[Exception], Any] = {
     Refusal: _refusal, LeaseDenied: _denied, ArbiterTimeout: _timeout, KafkaError: _unavailable,
-    ArbiterUnavailable: _unavailable, ContractError: _contract, RequestValidationError: _invalid,
-    StarletteHTTPException: _http,
+    KafkaIOError: _unavailable, ArbiterUnavailable: _unavailable, ContractError: _contract,
+    RequestValidationError: _invalid, StarletteHTTPException: _http,
 }
 
 

@@ -43,11 +43,10 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import TopicPartition
-
 from arbiter.agents import ArbiterClient, Lease
 from arbiter.agents.sagas import Saga
 from arbiter.edge.clock import now_ms
+from arbiter.edge.kafkaio import TopicPartition
 from arbiter.edge.keys import anchors_for
 from arbiter.edge.livefeed import LiveFeed
 from arbiter.edge.registryfeed import RegistryFeed
@@ -408,10 +407,8 @@ class Door:
         tp = self.inbox_partition(state.name)
         key = state.name.encode()
         kafka = state.client.kafka
-        async with Tail(self.settings, [tp], start="beginning", decode=False) as tail:
-            start = max(since, (await tail.starts())[tp])
-            tail.consumer.seek(tp, start)
-            for message, _ in await tail.read_to_end({tp: until}, max_records=500):
+        async with Tail(self.settings, [tp], start={tp: since}, decode=False) as tail:
+            for message, _ in await tail.read_to_end({tp: until}):
                 if session.closed_because is not None:
                     return
                 if message.key != key:

@@ -20,12 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.structs import ConsumerRecord
 
 from arbiter.edge.kafkaauth import kafka_client_options
 from arbiter.edge.kafkaconn import close_client
+from arbiter.edge.kafkaio import Received, TopicPartition
 from arbiter.edge.settings import Settings
 from arbiter.edge.tail import Tail
 from arbiter.schemas import (
@@ -209,7 +208,7 @@ class LiveFeed:
         self.listeners.add(listener)
         return lambda: self.listeners.discard(listener)
 
-    def _on(self, message: ConsumerRecord, record: Record | None) -> None:
+    def _on(self, message: Received, record: Record | None) -> None:
         if record is None:
             return
         change = self.state.apply(record)
@@ -277,13 +276,12 @@ class LiveFeed:
         committed = await admin.list_consumer_group_offsets(group)
         topics = self.settings.topics
         assert self._tail is not None
-        consumer = self._tail.consumer
         inputs = [TopicPartition(t, p) for t in (topics.resource_commands, topics.wait_edges, topics.saga_commands)
                   for p in range(self.settings.partitions)]  # co-partitioned: as many partitions each
-        ends, starts = await consumer.end_offsets(inputs), await consumer.beginning_offsets(inputs)
+        offsets = await self._tail.offsets_of(inputs)
         return members, {f"{tp.topic}/{tp.partition}": max(0, end - (
-            committed[tp].offset if tp in committed and committed[tp].offset >= 0 else starts[tp]))
-                         for tp, end in ends.items()}
+            committed[tp].offset if tp in committed and committed[tp].offset >= 0 else start))
+                         for tp, (start, end) in offsets.items()}
 
     def _tell(self, change: dict[str, Any]) -> None:
         for listener in tuple(self.listeners):

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import logging
 
-from aiokafka.structs import ConsumerRecord
-
+from arbiter.edge.kafkaio import Received
 from arbiter.edge.settings import Settings
 from arbiter.edge.tail import Tail
 from arbiter.schemas.codec import ContractError
@@ -45,7 +44,7 @@ class RegistryFeed:
         """Wait until every registry record written before this call is applied (False: timed out)."""
         return await self._tail.caught_up(timeout)
 
-    def _apply(self, message: ConsumerRecord, _record: Record | None) -> None:
+    def _apply(self, message: Received, _record: Record | None) -> None:
         self.apply(message.topic, message.key, message.value, message.headers)
 
     def apply(self, topic: str, key: bytes | None, value: bytes | None, headers: object) -> None:

@@ -19,6 +19,7 @@ from aiokafka.errors import KafkaError
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 
 from arbiter.agents import ArbiterUnavailable
+from arbiter.edge.kafkaio import KafkaIOError
 from arbiter.schemas import CompensationRequested, ContractError, Record, SagaStep, WaitEdgeAdded, WaitEdgeRemoved
 from arbiter.schemas.identity import Signer
 from arbiter.schemas.jsonwire import from_json
@@ -112,7 +113,7 @@ async def _command(door: Door, state: AgentState, session: Session, api_key: str
         frame = {"op": "error", "id": command.id, "status": refusal.status, **refusal.body()}
     except ContractError as exc:
         frame = error(command.id, 422, exc.reason, str(exc))
-    except (KafkaError, ArbiterUnavailable) as exc:
+    except (KafkaError, KafkaIOError, ArbiterUnavailable) as exc:
         frame = error(command.id, 503, "unavailable", str(exc))
     await session.answer(frame, PATIENCE_SECONDS)
 

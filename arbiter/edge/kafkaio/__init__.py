@@ -25,7 +25,7 @@ later (a broker restarting, a leader moving) or never will (a record too large, 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from ..settings import Settings
 
@@ -36,6 +36,25 @@ METADATA_TIMEOUT_S = 10.0
 
 CLIENTS = ("librdkafka", "aiokafka")
 """The implementations behind the seam, by their ``kafka_client`` setting."""
+
+
+class TopicPartition(NamedTuple):
+    """One partition of a topic (equal to aiokafka's and to a plain ``(topic, partition)`` tuple)."""
+
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """How a reader fetches, where its default does not suit: a follower of many partitions that
+    waits longer for fuller fetches, or the audit, whose records may be large. ``None``: the default."""
+
+    isolation_level: str = "read_committed"
+    """``read_uncommitted`` for a reader that must see what a transaction has not committed yet."""
+    max_wait_ms: int | None = None
+    min_bytes: int | None = None
+    max_partition_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +105,19 @@ class Reader(Protocol):
         """Disconnect."""
 
     async def end_offset(self, topic: str, partition: int) -> int:
-        """The offset after the partition's last committed record (its last stable offset)."""
+        """The offset after the partition's last committed record (its last stable offset; under
+        ``read_uncommitted``, after its last record)."""
+
+    async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        """The partition's first offset still in the log, and ``end_offset``."""
+
+    async def partitions(self, topic: str) -> int | None:
+        """How many partitions ``topic`` has (None: there is no such topic)."""
+
+    async def position(self, topic: str, partition: int) -> int:
+        """The offset after the last record of a read partition handed out, and past any transaction
+        markers after it that the reader has fetched (so a partition whose last entry is a commit marker
+        is read to its end)."""
 
     def add(self, topic: str, partition: int, offset: int) -> None:
         """Read ``partition`` from ``offset`` on (from where it is, if it is read already)."""
@@ -142,12 +173,12 @@ def sender_for(settings: Settings) -> Sender:
     return RdSender(settings)
 
 
-def reader_for(settings: Settings) -> Reader:
+def reader_for(settings: Settings, fetch: Fetch | None = None) -> Reader:
     """The ``kafka_client`` setting's reader for ``settings``."""
     if settings.kafka_client == "aiokafka":
         from .aio import AioReader
 
-        return AioReader(settings)
+        return AioReader(settings, fetch)
     from .rdkafka import RdReader
 
-    return RdReader(settings)
+    return RdReader(settings, fetch)

@@ -20,7 +20,7 @@ from aiokafka.errors import KafkaError
 from ..kafkaauth import kafka_client_options
 from ..kafkaconn import close_client
 from ..settings import Settings
-from . import METADATA_TIMEOUT_S, Headers, KafkaIOError, Positions, Received
+from . import METADATA_TIMEOUT_S, Fetch, Headers, KafkaIOError, Positions, Received
 
 
 def io_error(exc: KafkaError, what: str) -> KafkaIOError:
@@ -80,17 +80,25 @@ class AioSender:
 class AioReader:
     """Reads through one ``AIOKafkaConsumer`` without a group."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, fetch: Fetch | None = None) -> None:
         self.settings = settings
+        self.fetch = fetch or Fetch()
         self.consumer: AIOKafkaConsumer | None = None
         self._positions = Positions()
         self._topics: dict[str, int] = {}
 
     async def start(self) -> None:
         settings = self.settings
+        fetch = self.fetch
+        options: dict[str, Any] = {}
+        if fetch.min_bytes:
+            options["fetch_min_bytes"] = fetch.min_bytes
+        if fetch.max_partition_bytes:
+            options["max_partition_fetch_bytes"] = fetch.max_partition_bytes
         consumer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, enable_auto_commit=False,
-                                    fetch_max_wait_ms=50, group_id=None, isolation_level="read_committed",
-                                    **kafka_client_options(settings))
+                                    fetch_max_wait_ms=fetch.max_wait_ms or 50, group_id=None,
+                                    isolation_level=fetch.isolation_level, auto_offset_reset="earliest",
+                                    **options, **kafka_client_options(settings))
         try:
             await consumer.start()
         except KafkaError as exc:
@@ -116,6 +124,41 @@ class AioReader:
             return end
         except KafkaError as exc:
             raise io_error(exc, f"reading the end of {topic}[{partition}]") from exc
+
+    async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        consumer = self._started()
+        tp = TopicPartition(topic, partition)
+        end = await self.end_offset(topic, partition)
+        try:
+            return int((await consumer.beginning_offsets([tp]))[tp]), end
+        except KafkaError as exc:
+            raise io_error(exc, f"reading the start of {topic}[{partition}]") from exc
+
+    async def partitions(self, topic: str) -> int | None:
+        consumer = self._started()
+        try:
+            async with asyncio.timeout(METADATA_TIMEOUT_S):  # (fresh metadata of every topic: the consumer's
+                cluster = await consumer._client.fetch_all_metadata()  # own cache holds only what it reads)
+        except KafkaError as exc:
+            raise io_error(exc, f"reading {topic}'s metadata") from exc
+        except TimeoutError:
+            raise KafkaIOError(f"no metadata within {METADATA_TIMEOUT_S:g} s: no broker answers",
+                               retriable=True) from None
+        found = cluster.partitions_for_topic(topic)
+        if not found:
+            return None
+        self._topics.setdefault(topic, len(found))
+        return len(found)
+
+    async def position(self, topic: str, partition: int) -> int:
+        consumer = self._started()
+        handed = self._positions.next.get((topic, partition))
+        if handed is None:
+            raise KafkaIOError(f"{topic}[{partition}] is not read", retriable=False)
+        try:
+            return max(handed, int(await consumer.position(TopicPartition(topic, partition))))
+        except KafkaError as exc:
+            raise io_error(exc, f"reading the position of {topic}[{partition}]") from exc
 
     def _started(self) -> AIOKafkaConsumer:
         if self.consumer is None:

@@ -40,7 +40,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from ..kafkaauth import rdkafka_options
 from ..kafkaconn import Repeats
 from ..settings import Settings
-from . import METADATA_TIMEOUT_S, Headers, KafkaIOError, Positions, Received
+from . import METADATA_TIMEOUT_S, Fetch, Headers, KafkaIOError, Positions, Received
 
 log = logging.getLogger("arbiter.kafka")
 _librdkafka = logging.getLogger("arbiter.kafka.librdkafka")
@@ -276,10 +276,20 @@ def _settle_all(reports: list[tuple[Settle, KafkaError | None]]) -> None:
 class RdReader:
     """Reads through one librdkafka consumer owned by its thread (assignment only, no group)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, fetch: Fetch | None = None) -> None:
         self.settings = settings
+        self.fetch = fetch or Fetch()
         self._errors = _Errors("consumer")
         self._positions = Positions()
+        self._gens: dict[tuple[str, int], int] = {}
+        """Per partition, how many times it was added: a position the thread fetched before the last
+        ``add`` is not the partition's any more."""
+        self._fetched: dict[tuple[str, int], tuple[int, int]] = {}
+        """Per partition, (generation, the consumer's position), published by the thread after the batch
+        it fetched is queued (only once someone asks for ``position``: the SDK never does)."""
+        self._track = False
+        self._assigned: dict[tuple[str, int], int] = {}
+        """The thread's own: each assigned partition's generation."""
         self._commands: collections.deque[tuple[Any, ...]] = collections.deque()
         self._batches: queue.Queue[list[Received]] = queue.Queue(BACKLOG)
         self._arrived: asyncio.Event | None = None
@@ -299,10 +309,13 @@ class RdReader:
                 "group.id": "arbiter-inbox-reader",
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
-                "isolation.level": "read_committed",
-                "fetch.wait.max.ms": 10,
+                "isolation.level": self.fetch.isolation_level,
+                "fetch.wait.max.ms": self.fetch.max_wait_ms or 10,
                 "fetch.error.backoff.ms": 10,
                 "auto.offset.reset": "earliest",
+                **({"fetch.min.bytes": self.fetch.min_bytes} if self.fetch.min_bytes else {}),
+                **({"max.partition.fetch.bytes": self.fetch.max_partition_bytes}
+                   if self.fetch.max_partition_bytes else {}),
             })
         except KafkaException as exc:
             raise io_error(exc, "cannot make a Kafka consumer") from exc
@@ -324,10 +337,14 @@ class RdReader:
     # -- the loop's side ----------------------------------------------------------------
 
     async def end_offset(self, topic: str, partition: int) -> int:
+        return (await self.offsets(topic, partition))[1]
+
+    async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
         deadline = time.monotonic() + METADATA_TIMEOUT_S
         while True:
             try:
-                return await self._end_offset(topic, partition)
+                answer: tuple[int, int] = await self._ask("offsets", topic, partition)
+                return answer
             except KafkaIOError as exc:  # a partition created a moment ago may have no leader yet
                 # (but no broker answering is said at once, whichever of the two paths said it first:
                 # the query's own error, or the error callback's)
@@ -335,11 +352,29 @@ class RdReader:
                     raise
                 await asyncio.sleep(0.05)
 
-    async def _end_offset(self, topic: str, partition: int) -> int:
+    async def partitions(self, topic: str) -> int | None:
+        answer: int | None = await self._ask("meta", topic, -1)
+        return answer
+
+    async def position(self, topic: str, partition: int) -> int:
+        tp = (topic, partition)
+        handed = self._positions.next.get(tp)
+        if handed is None:
+            raise KafkaIOError(f"{topic}[{partition}] is not read", retriable=False)
+        self._track = True
+        # The thread publishes a position only after queueing what it fetched before it, so once the
+        # queue is empty (no await between the two looks) every record below it has been handed out.
+        fetched = self._fetched.get(tp)
+        if fetched is None or fetched[0] != self._gens.get(tp) or not self._batches.empty():
+            return handed
+        return max(handed, fetched[1])
+
+    async def _ask(self, kind: str, topic: str, partition: int) -> Any:
+        """A question only the consumer's thread may put to it, answered between two polls."""
         if self._loop is None or self._thread is None:
             raise KafkaIOError("the reader is not started", retriable=False)
-        answer: ThreadFuture[int] = ThreadFuture()
-        self._commands.append(("end", topic, partition, answer))
+        answer: ThreadFuture[Any] = ThreadFuture()
+        self._commands.append((kind, topic, partition, answer))
         watcher = self._errors.watch()
         waiting = asyncio.wrap_future(answer)
         answered = False
@@ -356,7 +391,8 @@ class RdReader:
 
     def add(self, topic: str, partition: int, offset: int) -> None:
         if self._positions.add(topic, partition, offset):
-            self._commands.append(("add", topic, partition, offset))
+            gen = self._gens[(topic, partition)] = self._gens.get((topic, partition), 0) + 1
+            self._commands.append(("add", topic, partition, offset, gen))
 
     def drop(self, topic: str, partition: int) -> None:
         if self._positions.drop(topic, partition):
@@ -400,6 +436,8 @@ class RdReader:
         try:
             while not self._stopping.is_set():
                 self._obey(consumer)
+                if self._track and self._assigned:
+                    self._publish(consumer)  # (after the batches fetched before it are queued)
                 first = consumer.poll(POLL_S)
                 if first is None:
                     continue
@@ -421,6 +459,20 @@ class RdReader:
             self._fail_commands(KafkaIOError("the reader stopped", retriable=False))
             consumer.close()
 
+    def _publish(self, consumer: Consumer) -> None:
+        """The consumer's position of every assigned partition, past the transaction markers it fetched."""
+        try:
+            found = consumer.position([TopicPartition(t, p) for t, p in self._assigned])
+        except KafkaException:
+            return
+        assigned, fetched = self._assigned, self._fetched
+        for tp in found:
+            if tp.offset >= 0 and tp.error is None:
+                key = (tp.topic, tp.partition)
+                gen = assigned.get(key)
+                if gen is not None:
+                    fetched[key] = (gen, tp.offset)
+
     def _obey(self, consumer: Consumer) -> None:
         commands = self._commands
         while commands:
@@ -428,27 +480,48 @@ class RdReader:
             try:
                 if command[0] == "add":
                     consumer.incremental_assign([TopicPartition(command[1], command[2], command[3])])
+                    self._assigned[(command[1], command[2])] = command[4]
                 elif command[0] == "drop":
+                    self._assigned.pop((command[1], command[2]), None)
                     consumer.incremental_unassign([TopicPartition(command[1], command[2])])
+                elif command[0] == "meta":
+                    self._answer_meta(consumer, command[1], command[3])
                 else:
-                    answer: ThreadFuture[int] = command[3]
+                    answer: ThreadFuture[tuple[int, int]] = command[3]
                     try:  # (short: the thread polls nothing meanwhile; the loop asks again if it may help)
-                        _, high = consumer.get_watermark_offsets(TopicPartition(command[1], command[2]),
-                                                                 timeout=QUERY_S, cached=False)
+                        low, high = consumer.get_watermark_offsets(TopicPartition(command[1], command[2]),
+                                                                   timeout=QUERY_S, cached=False)
                     except KafkaException as exc:
-                        failed = io_error(exc, f"reading the end of {command[1]}[{command[2]}]")
+                        failed = io_error(exc, f"reading the offsets of {command[1]}[{command[2]}]")
                         if exc.args[0].code() == KafkaError._ALL_BROKERS_DOWN:
                             failed.retriable = False  # no broker answers: the caller hears it now
                         answer.set_exception(failed)
                     else:
-                        answer.set_result(int(high))
+                        answer.set_result((int(low), int(high)))
             except KafkaException as exc:
                 log.error("the Kafka reader could not %s %s[%d]: %s", command[0], command[1], command[2], exc)
+
+    @staticmethod
+    def _answer_meta(consumer: Consumer, topic: str, answer: ThreadFuture[int | None]) -> None:
+        try:
+            metadata = consumer.list_topics(topic, timeout=QUERY_S)
+        except KafkaException as exc:
+            failed = io_error(exc, f"reading {topic}'s metadata")
+            if exc.args[0].code() == KafkaError._ALL_BROKERS_DOWN:
+                failed.retriable = False
+            answer.set_exception(failed)
+            return
+        found = metadata.topics.get(topic)
+        if found is not None and found.error is not None and found.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+            answer.set_exception(io_error(found.error, f"reading {topic}'s metadata"))
+            return
+        answer.set_result(len(found.partitions) if found is not None and found.error is None and found.partitions
+                          else None)
 
     def _fail_commands(self, exc: KafkaIOError) -> None:
         while self._commands:
             command = self._commands.popleft()
-            if command[0] == "end" and not command[3].done():
+            if command[0] in ("offsets", "meta") and not command[3].done():
                 command[3].set_exception(exc)
 
     @staticmethod

@@ -384,7 +384,7 @@ class ArbiterClient:
 
     def sandbox(self, repository: str, base: str = "main", *, keep: bool | None = None, ttl: float = 60.0,
                 wait: float = 600.0) -> contextlib.AbstractAsyncContextManager[Sandbox]:
-        """``async with client.sandbox("app") as box``: this agent's git worktree of repository ``app``
+        """``async with client.sandbox("app") as box``: this agent's sandbox (a clone) of repository ``app``
         (``repo:app``, configured on the workers as ``ARBITER_REPOS=app=PATH``), from branch ``base``;
         ``box.path``, ``box.base``, ``await box.merge(message, check=...)``, ``await box.rebase()``. Left
         when everything in it merged, it is discarded; with unmerged commits it is kept (``keep``)."""

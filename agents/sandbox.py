@@ -1,16 +1,16 @@
-"""A coding agent's sandbox: its own git worktree of a repository, merged back through its train.
+"""A coding agent's sandbox: its own clone of a repository, merged back through its train.
 
 ``async with client.sandbox("app") as box`` asks the repository host (a worker) to make the agent's
-worktree (branch ``arbiter/<agent>``) and gives its ``path`` and ``base`` commit. The agent edits and
+sandbox (a clone on branch ``arbiter/<agent>``) and gives its ``path`` and ``base`` commit. The agent edits and
 commits there as it likes; ``box.merge(message)`` joins the repository's train (``repo:<name>``: one train
 for every process, in the log) under a shared lease the client renews while it waits, and returns when
 the merge landed or was refused: a runner checked it on top of the merges ahead of it, and the host landed
 exactly what passed. A conflict comes back as ``version_conflict`` with the paths; ``box.rebase()``
 rebases the sandbox onto the new head and names what conflicts.
 
-The sandbox is a worktree on the repository host's disk: an agent that edits it shares that disk (the
-docs' roles say how); its merge, its check and the landing are the host's and the runner's, not the
-agent's process's.
+The sandbox is a folder on the repository host's disk: an agent that edits it shares that disk (the
+docs' roles say how), and this module's git runs there only, in the agent's own process; the merge, its
+check and the landing are the host's and the runner's.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class SandboxHost(Protocol):
 
 @dataclass
 class Sandbox:
-    """One agent's worktree of one repository."""
+    """One agent's sandbox of one repository."""
 
     client: SandboxHost
     repository: str
@@ -61,8 +61,17 @@ class Sandbox:
         return await asyncio.to_thread(git, self.path, *args, check=check)
 
     async def head(self) -> str:
-        """The target branch's head commit as this machine's repository has it."""
-        return (await self._git("rev-parse", "--verify", f"refs/heads/{self.target}")).stdout.strip()
+        """The target branch's head commit as the repository has it now (fetched from ``origin``, the
+        repository the sandbox was cloned from)."""
+        fetched = await self._git("fetch", "--quiet", "--no-tags", "origin",
+                                  f"+refs/heads/{self.target}:refs/remotes/origin/{self.target}", check=False)
+        ref = f"refs/remotes/origin/{self.target}" if fetched.returncode == 0 else f"refs/heads/{self.target}"
+        return (await self._git("rev-parse", "--verify", ref)).stdout.strip()
+
+    @property
+    def here(self) -> bool:
+        """Whether the sandbox's folder is on this machine (an agent through a front door may be elsewhere)."""
+        return (self.path / ".git").exists()
 
     async def merge(self, message: str, *, strategy: str = "merge", ttl: float = 60.0, wait: float = 600.0,
                     intent_id: str | None = None, timeout: float = MERGE_TIMEOUT) -> Outcome:
@@ -104,9 +113,12 @@ class Sandbox:
         await self._git("rebase", "--abort", check=False)
         return sorted(paths) or ["(rebase failed: " + (done.stderr or done.stdout).strip()[:300] + ")"]
 
-    async def commits(self) -> int:
-        """How many commits the sandbox has that the target lacks."""
-        done = await self._git("rev-list", "--count", f"refs/heads/{self.target}..{self.branch}")
+    async def commits(self) -> int | None:
+        """How many commits the sandbox has that the target lacks (None: its folder is not on this machine)."""
+        if not self.here:
+            return None
+        head = await self.head()
+        done = await self._git("rev-list", "--count", f"{head}..refs/heads/{self.branch}")
         return int(done.stdout.strip() or 0)
 
 
@@ -122,7 +134,7 @@ async def open_sandbox(client: SandboxHost, repository: str, base: str, ttl: flo
 
 
 async def discard_sandbox(box: Sandbox, ttl: float = 30.0, wait: float = 600.0) -> Outcome:
-    """Ask the worker to remove the sandbox's worktree and branch."""
+    """Ask the worker to remove the sandbox."""
     async with box.client.lease(box.repository, ttl=ttl, wait=wait, mode="shared") as lease:
         return await box.client.execute(lease, "sandbox_discard", {})
 
@@ -130,13 +142,14 @@ async def discard_sandbox(box: Sandbox, ttl: float = 30.0, wait: float = 600.0) 
 @contextlib.asynccontextmanager
 async def sandbox(client: SandboxHost, repository: str, base: str = "main", *, keep: bool | None = None,
                   ttl: float = 60.0, wait: float = 600.0) -> AsyncIterator[Sandbox]:
-    """``async with client.sandbox("app") as box``: the agent's worktree for the block. On leaving, it is
-    discarded when everything in it was merged (or it has nothing); kept otherwise, so no work is lost
-    (``keep=True`` always keeps it, ``keep=False`` always discards it)."""
+    """``async with client.sandbox("app") as box``: the agent's sandbox for the block. On leaving, it is
+    discarded when everything in it was merged (or it has nothing); kept otherwise, or when its folder is
+    not on this machine, so no work is lost (``keep=True`` always keeps it, ``keep=False`` always discards
+    it)."""
     box = await open_sandbox(client, repository, base, ttl, wait)
     try:
         yield box
     finally:
         unmerged = await box.commits() if keep is None else 0
-        if keep is False or (keep is None and unmerged == 0):
+        if keep is False or (keep is None and unmerged == 0):  # (None: it cannot be told here, so it is kept)
             await discard_sandbox(box, wait=wait)

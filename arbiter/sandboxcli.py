@@ -1,4 +1,4 @@
-"""``arbiter sandbox``: coding agents' git worktrees, and merges through the repository's queue.
+"""``arbiter sandbox``: coding agents' sandboxes (a clone each), and merges through the repository's train.
 
 A repository is configured once, for workers and this command alike: ``ARBITER_REPOS=app=/src/app``
 makes it resource ``repo:app``. ``--repo`` takes that name, or the repository's path. Each answer is
@@ -41,17 +41,15 @@ def _repo(ctx: click.Context, given: str) -> tuple[str, Path]:
 
 def _own_box(ctx: click.Context, client: Any, name: str, path: Path, agent: str, target: str = "main") -> Any:
     """AGENT's sandbox of the repository, as this machine has it (None: it has none), with the repository's
-    configuration and the commit the sandbox's work started from (where it meets the target)."""
+    configuration. Nothing runs in the sandbox here (the host finds where its work meets the target)."""
     from arbiter.agents.sandbox import Sandbox
-    from arbiter.streams.tools.git import Repos, branch_of, git
+    from arbiter.streams.tools.git import Repos, branch_of
 
     settings = settings_of(ctx)
     mine = next((b for b in Repos({name: path}, settings.sandbox_root).sandboxes(path) if b["agent"] == agent), None)
     if mine is None:
         return None
-    base = git(Path(mine["path"]), "merge-base", f"refs/heads/{target}", f"refs/heads/{branch_of(agent)}",
-               check=False).stdout.strip()
-    return Sandbox(client, f"repo:{name}", Path(mine["path"]), branch_of(agent), base, target=target)
+    return Sandbox(client, f"repo:{name}", Path(mine["path"]), branch_of(agent), "", target=target)
 
 
 def _no_sandbox(name: str, agent: str) -> None:
@@ -70,7 +68,7 @@ _agent_option = click.option("--agent", required=True, help="The coding agent (i
 
 @click.group()
 def sandbox() -> None:
-    """Coding agents' sandboxes (a git worktree and branch each) and merges through the repository's queue."""
+    """Coding agents' sandboxes (a clone and branch each) and merges through the repository's train."""
 
 
 @sandbox.command("create")
@@ -79,7 +77,7 @@ def sandbox() -> None:
 @click.option("--base", default="main", show_default=True, help="The branch the sandbox starts from.")
 @click.pass_context
 def create(ctx: click.Context, repo: str, agent: str, base: str) -> None:
-    """Make AGENT's worktree of the repository on branch arbiter/AGENT; print its path and base commit."""
+    """Make AGENT's sandbox (a clone of the repository) on branch arbiter/AGENT; print its path and base commit."""
     from arbiter.agents import ArbiterClient
     from arbiter.agents.sandbox import open_sandbox
 
@@ -108,9 +106,10 @@ def list_(ctx: click.Context, repo: str) -> None:
 
     name, path = _repo(ctx, repo)
     settings = settings_of(ctx)
-    boxes = Repos({name: path}, settings.sandbox_root).sandboxes(path)
-    for box in boxes:
-        ahead = git(path, "rev-list", "--count", f"main..{box['branch']}", check=False).stdout.strip()
+    boxes = Repos({name: path}, settings.sandbox_root).sandboxes(path, heads=True)
+    for box in boxes:  # counted where the repository already has the sandbox's head (a merge fetched it)
+        known = box["head"] and git(path, "cat-file", "-e", f"{box['head']}^{{commit}}", check=False).returncode == 0
+        ahead = git(path, "rev-list", "--count", f"main..{box['head']}", check=False).stdout.strip() if known else ""
         box["unmerged_commits"] = int(ahead) if ahead.isdigit() else None
     click.echo(json.dumps({"repository": f"repo:{name}", "sandboxes": boxes}))
 
@@ -191,7 +190,7 @@ def claims(ctx: click.Context, repo: str, paths: str, agent: str) -> None:
 @_agent_option
 @click.pass_context
 def discard(ctx: click.Context, repo: str, agent: str) -> None:
-    """Remove AGENT's worktree and branch (unmerged commits in it are gone)."""
+    """Remove AGENT's sandbox (unmerged commits in it are gone)."""
     from arbiter.agents import ArbiterClient
 
     name, _path = _repo(ctx, repo)
@@ -216,20 +215,19 @@ def gc(ctx: click.Context, repo: str, yes: bool) -> None:
     """Sandboxes whose agent is gone: revoked, or unknown to the registry. Lists them; --yes removes them
     (an operator's act on the repository, outside the log)."""
     from arbiter.agents.identities import Registrar
-    from arbiter.streams.tools.git import Repos, git
+    from arbiter.streams.tools.git import Repos
+    from arbiter.streams.tools.repository import remove_sandbox
 
     name, path = _repo(ctx, repo)
     settings = settings_of(ctx)
     entries = asyncio.run(Registrar(settings, create_admin=False).entries())
     active = {e.name for e in entries if e.status == "active"}
-    stale = [b for b in Repos({name: path}, settings.sandbox_root).sandboxes(path) if b["agent"] not in active]
+    repos = Repos({name: path}, settings.sandbox_root)
+    stale = [b for b in repos.sandboxes(path) if b["agent"] not in active]
     for box in stale:
         if yes:
-            git(path, "worktree", "remove", "--force", box["path"], check=False)
-            git(path, "branch", "-D", box["branch"], check=False)
+            remove_sandbox(repos, path, box["agent"])
         say(f"{'removed' if yes else 'would remove'} {box['agent']}'s sandbox {box['path']}")
-    if yes:
-        git(path, "worktree", "prune", check=False)
     click.echo(json.dumps({"repository": f"repo:{name}", "gone": stale, "removed": yes}))
 
 

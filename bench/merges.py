@@ -91,7 +91,8 @@ async def main():
         await asyncio.to_thread(sys.stdin.readline)  # the bench starts every agent's merges at once
         for r in range(rounds):
             if r:
-                git(box.path, "rebase", "-q", "main")
+                git(box.path, "fetch", "-q", "origin", "main")
+                git(box.path, "rebase", "-q", "origin/main")
             (box.path / f"{name}.txt").write_text(f"round {r}\\n")
             git(box.path, "add", f"{name}.txt")
             git(box.path, "commit", "-qm", f"{name} {r}")

@@ -126,9 +126,11 @@ def test_two_agents_on_one_function_the_second_gets_the_paths_and_rebases(repo: 
     assert conflict["conflicts"] == ["auth.py"] and conflict["head"] == merged["head"]
     assert [c["subject"] for c in conflict["landed"]] == ["ann", "ann: login returns 2"], conflict["landed"]
     assert sh(repo, "rev-parse", "main") == merged["head"], "a conflict changes nothing"
-    # Bob rebases, resolves the path git named, and merges.
+    # Bob fetches the new head from the repository his sandbox was cloned from, rebases, resolves the path
+    # git named, and merges.
     bob_path = Path(bob["path"])
-    rebase = subprocess.run(["git", "-C", str(bob_path), "rebase", "main"], capture_output=True, text=True)
+    sh(bob_path, "fetch", "-q", "origin", "main")
+    rebase = subprocess.run(["git", "-C", str(bob_path), "rebase", "origin/main"], capture_output=True, text=True)
     assert rebase.returncode != 0
     (bob_path / "auth.py").write_text("def login():\n    return 2 + 3\n")
     sh(bob_path, "add", "auth.py")
@@ -306,3 +308,119 @@ def test_each_refusal_has_its_own_code_and_changes_nothing(repo: Path, tmp_path:
     for code in ("branch_missing", "invalid_ref", "sandbox_exists", "nothing_to_merge", "no_sandbox",
                  "untracked_in_the_way", "target_dirty", "target_checked_out_elsewhere"):
         assert "new intent id" not in WHAT_TO_DO[Reason(code)], code
+
+
+def _plant(sandbox: Path, marker: Path) -> None:
+    """Everything an agent can write in its own sandbox that would make a git of the host's run a program:
+    attributes naming drivers (committed), then its configuration (filters, a merge driver, diff commands, a
+    signing program, fsmonitor, an ssh command, upload-pack's hook, another hooks folder) and hooks."""
+    (sandbox / ".gitattributes").write_text("* filter=evil merge=evil diff=evil\n")
+    sh(sandbox, "add", ".gitattributes")
+    sh(sandbox, "-c", "user.email=a@example.com", "-c", "user.name=agent", "commit", "-qm", "attributes")
+    run = f"sh -c 'echo $0 >> {marker}'"
+    for key, value in {"filter.evil.smudge": f"{run} smudge", "filter.evil.clean": f"{run} clean",
+                       "merge.evil.driver": f"{run} merge", "diff.evil.textconv": f"{run} textconv",
+                       "diff.evil.command": f"{run} diff", "commit.gpgSign": "true", "gpg.program": f"{run}",
+                       "core.fsmonitor": f"{run} fsmonitor", "core.sshCommand": f"{run} ssh",
+                       "uploadpack.packObjectsHook": f"{run} pack", "core.alternateRefsCommand": f"{run} refs",
+                       "core.hooksPath": str(sandbox / "hooks")}.items():
+        sh(sandbox, "config", key, value)
+    hooks = sandbox / "hooks"
+    hooks.mkdir()
+    (sandbox / sh(sandbox, "rev-parse", "--git-path", "hooks")).mkdir(exist_ok=True)
+    for name in ("post-checkout", "reference-transaction", "pre-commit", "post-merge", "pre-auto-gc"):
+        for folder in (hooks, sandbox / sh(sandbox, "rev-parse", "--git-path", "hooks")):
+            (folder / name).write_text(f"#!/bin/sh\necho hook {name} >> {marker}\n")
+            (folder / name).chmod(0o755)
+
+
+def test_nothing_an_agent_writes_in_its_sandbox_runs_in_the_host(repo: Path, tmp_path: Path) -> None:
+    """Finding: a sandbox was a worktree of the repository, so `git config` in it wrote the repository's own
+    configuration; the host's merge preflight, checkout sync, new sandboxes and reverts then ran the filters,
+    merge drivers and signing program an agent named there. A sandbox is a clone now, read by the host only
+    through git's upload-pack: nothing an agent configures, hooks or commits runs in the host."""
+    marker = tmp_path / "ran"
+    tools = Tools(repo)
+    _, ann = tools("ann", "sandbox_create", {})
+    _, bob = tools("bob", "sandbox_create", {})
+    ann_path = Path(ann["path"])
+    commit(ann_path, "auth.py", "def login():\n    return 2\n", "ann: login")
+    _plant(ann_path, marker)
+    ok, merged = tools("ann", "merge", {"message": "ann"}, intent_id="m-evil", saga_id="saga:ann/x")
+    assert ok, merged
+    assert (repo / ".gitattributes").exists() and (repo / "auth.py").read_text() == "def login():\n    return 2\n"
+    commit(Path(bob["path"]), "auth.py", "def login():\n    return 3\n", "bob: login")
+    ok, conflict = tools("bob", "merge", {"message": "bob"})  # a merge of auth.py, whose attributes name a driver
+    assert not ok and conflict["conflicts"] == ["auth.py"], conflict
+    _, carol = tools("carol", "sandbox_create", {})  # a checkout of a tree whose attributes name the filters
+    commit(Path(carol["path"]), "other.py", "x = 1\n", "carol: other")
+    ok, landed = tools("carol", "merge", {"message": "carol"})
+    assert ok, landed
+    ok, reverted = tools("saga:ann/x", "revert_merge", {"merge_intent_id": "m-evil"}, intent_id="undo-evil",
+                         **_undo("saga:ann/x"))
+    assert ok, reverted
+    assert Repos({"app": repo}).sandboxes(repo, heads=True)[0]["head"] == sh(ann_path, "rev-parse", "HEAD")
+    ok, _ = tools("ann", "sandbox_discard", {})
+    assert ok and not ann_path.exists()
+    assert not marker.exists(), marker.read_text()
+    assert "evil" not in sh(repo, "config", "--list"), "the repository's configuration is the operator's"
+
+
+def test_a_sandbox_whose_git_folder_points_elsewhere_is_not_read(repo: Path, tmp_path: Path) -> None:
+    """A sandbox is read as the folder the host made: an agent that turns its `.git` into a link, or a file
+    naming another repository (bob's sandbox), gets no_sandbox and nothing of the other repository moves."""
+    tools = Tools(repo)
+    _, ann = tools("ann", "sandbox_create", {})
+    _, bob = tools("bob", "sandbox_create", {})
+    sh(Path(bob["path"]), "checkout", "-q", "-b", "arbiter/ann")
+    commit(Path(bob["path"]), "bobs.py", "secret = 1\n", "bob's unmerged work")
+    ann_git = Path(ann["path"]) / ".git"
+    subprocess.run(["rm", "-rf", str(ann_git)], check=True)
+    for redirect in ("link", "file"):
+        if redirect == "link":
+            ann_git.symlink_to(Path(bob["path"]) / ".git")
+        else:
+            ann_git.unlink()
+            ann_git.write_text(f"gitdir: {Path(bob['path']) / '.git'}\n")
+        before = sh(repo, "rev-parse", "main")
+        ok, refused = tools("ann", "merge", {"message": "ann"})
+        assert not ok and refused["reason"] == "no_sandbox", (redirect, refused)
+        assert sh(repo, "rev-parse", "main") == before
+        assert "bob's unmerged work" not in sh(repo, "log", "--all", "--format=%s"), redirect
+
+
+def test_agents_of_the_sandbox_group_write_their_sandbox_and_never_the_repository() -> None:
+    """The deployment the docs give for a boundary: the host owns the repository; each sandbox is made
+    read-write for the agents' group (``ARBITER_SANDBOX_GROUP``). An agent's user (here ``nobody``, of
+    ``nogroup``) commits in its sandbox, its merge lands, and it cannot write the repository's own git
+    folder (its configuration, its refs)."""
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.mkdtemp(prefix="arbiter-group-"))
+    try:
+        top.chmod(0o755)  # the agents read the repository's objects (their clone borrows them)
+        repo = make_repo(top)
+        tools = Tools(repo)
+        tools.registry = ToolRegistry()
+        register_git_tools(tools.registry, Repos({"app": repo}, str(top / "sandboxes"), sandbox_group="nogroup"))
+        ok, box = tools("nobody-agent", "sandbox_create", {})
+        assert ok, box
+        path = Path(box["path"])
+
+        def as_agent(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(["runuser", "-u", "nobody", "--", "git", "-c", "safe.directory=*", "-C", str(path),
+                                   "-c", "user.name=agent", "-c", "user.email=a@example.com", *args],
+                                  capture_output=True, text=True, cwd="/")
+
+        subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", f"echo hi > {path}/hi.txt"], check=True)
+        assert as_agent("add", "hi.txt").returncode == 0
+        done = as_agent("commit", "-qm", "hi")
+        assert done.returncode == 0, done.stderr
+        ok, merged = tools("nobody-agent", "merge", {"message": "hi"})
+        assert ok and (repo / "hi.txt").read_text() == "hi\n", merged
+        config = subprocess.run(["runuser", "-u", "nobody", "--", "git", "-c", "safe.directory=*", "-C", str(repo),
+                                 "config", "core.fsmonitor", "touch /tmp/x"], capture_output=True, text=True, cwd="/")
+        assert config.returncode != 0 and "core.fsmonitor" not in sh(repo, "config", "--list")
+    finally:
+        shutil.rmtree(top)

@@ -119,7 +119,7 @@ async def safe_story(settings: Settings, enroll: Callable[[str], object]) -> Cod
                 result.steps.append(f"{name}: version_conflict in {', '.join(paths)}; rebase names "
                                     f"{', '.join(still) or 'nothing'}")
                 # It re-plans on the new head: the same change, made on what is there now.
-                await asyncio.to_thread(_git, box.path, "reset", "-q", "--hard", box.target, who=name)
+                await asyncio.to_thread(_git, box.path, "reset", "-q", "--hard", await box.head(), who=name)
                 await asyncio.to_thread(path.write_text, change(path.read_text()))
                 await asyncio.to_thread(_git, box.path, "commit", "-qam", f"{name}: {what}, on the new head",
                                         who=name)

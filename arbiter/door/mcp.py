@@ -78,7 +78,8 @@ def mount(app: Any, door: Door, settings: Settings) -> contextlib.AbstractAsyncC
         signer, _ = await door.authenticate(headers.get("authorization"))
         state = await door.agent(signer)
         if state.mcp is None:
-            state.mcp = AgentTools(state.client, on_notice=lambda _: door.spawn(notifier.publish(state.name)))
+            state.mcp = AgentTools(state.client, on_notice=lambda _: door.spawn(notifier.publish(state.name)),
+                                   runs_git=False)
         state.last_used = time.monotonic()
         tools: AgentTools = state.mcp
         return tools

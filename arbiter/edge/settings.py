@@ -212,8 +212,12 @@ class Settings(BaseSettings):
     agent's code never runs as root)."""
 
     sandbox_root: str = ""
-    """Where sandboxes (one git worktree per agent) are made; default ``<repository's git dir>/arbiter/
-    sandboxes``."""
+    """Where sandboxes (one clone of the repository per agent) are made, ``<root>/<repository>/<agent>``;
+    default ``<repository's git dir>/arbiter/sandboxes/<agent>``."""
+
+    sandbox_group: str = ""
+    """A group the agents' users share: each sandbox is made read-write for it (the host keeps its own
+    repository to itself). Empty: sandboxes belong to the host's user alone (agents run as that user)."""
 
     policies: str = "account:=both,doc:=optimistic,ticket:=pessimistic,repo:=pessimistic,tenant:=pessimistic"
     """Write policy per resource-name prefix, ``prefix=policy`` comma separated; the

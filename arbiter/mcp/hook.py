@@ -7,7 +7,7 @@ write, and denies it when one of them
 - lies in a resource another agent holds: a lease on ``file:<repo>/<path>`` or on any folder above
   it (``file:<repo>/src`` covers ``src/auth.py``), named in the reason with its holder; or
 - lies in a configured repository outside the agent's own sandbox, when the agent has one there
-  (the main checkout, another agent's worktree).
+  (the main checkout, another agent's sandbox).
 
 A deny is the JSON the agents expect on stdout (``hookSpecificOutput.permissionDecision: "deny"``
 with the reason), exit 0. Both agents read a hook's exit 1 as "go ahead", so a hook that cannot
@@ -143,7 +143,7 @@ Sandboxes = Callable[[str, Path], list[dict[str, Any]]]
 
 
 def sandboxes_of(sandbox_root: str) -> Sandboxes:
-    """``Repos.sandboxes`` as a ``Sandboxes``: git asked each time."""
+    """``Repos.sandboxes`` as a ``Sandboxes``: the folder listed each time."""
     from arbiter.streams.tools.git import Repos
 
     return lambda name, root: Repos({name: root}, sandbox_root).sandboxes(root)

@@ -7,7 +7,7 @@ folder of mode 0700, so only the agent's own user can ask. Each connection carri
 ``allow``, ``deny`` with the JSON the agent reads, or ``block`` with the reason when it cannot decide in
 time (Arbiter unreachable) or cannot read the input (``hookclient``'s protocol). The decision is
 ``arbiter.mcp.hook.decide`` with this process's client, already connected; a repository's sandboxes are
-listed once and again only when its worktrees change.
+listed once and again only when its folder of sandboxes changes.
 """
 
 from __future__ import annotations
@@ -33,14 +33,15 @@ MAX_REQUEST = 1 << 20
 
 
 class CachedSandboxes:
-    """Each repository's sandboxes, listed again only when its git folder's worktrees change."""
+    """Each repository's sandboxes, listed again only when its folder of sandboxes changes."""
 
     def __init__(self, sandbox_root: str) -> None:
+        self.sandbox_root = sandbox_root
         self._list = sandboxes_of(sandbox_root)
         self._seen: dict[Path, tuple[int, list[dict[str, Any]]]] = {}
 
     def __call__(self, name: str, root: Path) -> list[dict[str, Any]]:
-        stamp = _worktrees_stamp(root)
+        stamp = _sandboxes_stamp(root, self.sandbox_root)
         cached = self._seen.get(root)
         if cached is not None and stamp is not None and cached[0] == stamp:
             return cached[1]
@@ -50,12 +51,16 @@ class CachedSandboxes:
         return boxes
 
 
-def _worktrees_stamp(root: Path) -> int | None:
-    """When the repository's list of worktrees last changed (None: it cannot be told; ask git)."""
-    git = root / ".git"
-    folder = git / "worktrees" if git.is_dir() else root / "worktrees"
+def _sandboxes_stamp(root: Path, sandbox_root: str) -> int | None:
+    """When the repository's folder of sandboxes last had one added or removed (None: it cannot be told;
+    list them)."""
+    if sandbox_root:
+        folder = Path(sandbox_root).expanduser() / root.name
+    else:
+        git = root / ".git"
+        folder = (git if git.is_dir() else root) / "arbiter" / "sandboxes"
     with contextlib.suppress(OSError):
-        return folder.stat().st_mtime_ns if folder.exists() else (git if git.is_dir() else root).stat().st_mtime_ns
+        return folder.stat().st_mtime_ns
     return None
 
 

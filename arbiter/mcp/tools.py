@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -30,7 +29,7 @@ from arbiter.agents import ArbiterClient, ArbiterError, Lease, LeaseDenied, Outc
 from arbiter.agents.sandbox import open_sandbox
 from arbiter.schemas import DeadlockDetected, LockExpired, LockRevoked, Record
 from arbiter.schemas.reasons import is_retriable, what_to_do
-from arbiter.streams.tools.git import Repos, branch_of, read_claims
+from arbiter.streams.tools.git import branch_of
 
 # -- answers -----------------------------------------------------------------------------------
 
@@ -214,8 +213,11 @@ class AgentTools:
 
     def __init__(self, client: ArbiterClient, *, idle_seconds: float | None = None,
                  max_hold_seconds: float | None = None, heartbeat: Path | None = None,
-                 on_notice: Callable[[str], None] | None = None) -> None:
+                 on_notice: Callable[[str], None] | None = None, runs_git: bool = True) -> None:
         settings = client.settings
+        self.runs_git = runs_git
+        """Whether this process may run git in the agent's sandbox: the agent's own process (``arbiter mcp``)
+        may; a front door, which serves many agents with its own authority, never does."""
         self.client = client
         self.agent = client.agent_id
         self.idle_seconds = settings.mcp_idle_seconds if idle_seconds is None else idle_seconds
@@ -462,24 +464,36 @@ class AgentTools:
                 "what_to_do": "Use one of the known repositories; the operator configures them (ARBITER_REPOS, "
                               "repos.toml)."}
 
+    async def _repository_view(self, name: str) -> dict[str, Any]:
+        """The host's view of ``repo:<name>`` (its sandboxes and claims), read through the log; or a
+        diagnostic."""
+        try:
+            snap = await self.client.snapshot(f"repo:{name}", content=True)
+        except ArbiterError as error:
+            return _refused(error)
+        if not isinstance(snap.content, dict) or "sandboxes" not in snap.content:
+            return {"reason": "unavailable", "detail": f"no repository host answered for repo:{name}",
+                    "what_to_do": "The operator starts a worker with this repository configured; try again."}
+        return snap.content
+
     async def _box(self, repository: str) -> Sandbox | dict[str, Any]:
-        """This agent's sandbox of ``repository``: the one it made here, or the one it already has."""
+        """This agent's sandbox of ``repository``: the one it made here, or the one the host has for it."""
         found = self._repo_path(repository)
         if found is None:
             return self._unknown_repo(repository)
-        name, path = found
+        name, _path = found
         box = self.sandboxes.get(name)
         if box is not None:
             return box
-        settings = self.client.settings
-        mine = next((b for b in Repos({name: path}, settings.sandbox_root).sandboxes(path) if b["agent"] == self.agent),
-                    None)
+        view = await self._repository_view(name)
+        if "sandboxes" not in view:
+            return view
+        mine = next((b for b in view["sandboxes"] if b.get("agent") == self.agent), None)
         if mine is None:
             return {"reason": "no_sandbox", "detail": f"{self.agent} has no sandbox of repo:{name}",
                     "what_to_do": "Call sandbox_create first."}
-        base = await asyncio.to_thread(_merge_base, Path(mine["path"]), "main", branch_of(self.agent))
         box = self.sandboxes[name] = Sandbox(self.client, f"repo:{name}", Path(mine["path"]), branch_of(self.agent),
-                                             base)
+                                             "")
         return box
 
     async def sandbox_create(self, repository: str, base: str = "main") -> SandboxAnswer:
@@ -519,12 +533,17 @@ class AgentTools:
         box = await self._box(repository)
         if not isinstance(box, Sandbox):
             return self._answer(RebaseAnswer, ok=False, reason=box["reason"], diagnostic=box)
+        if not self.runs_git or not box.here:
+            return self._answer(RebaseAnswer, ok=False, reason="rebase_in_your_sandbox", diagnostic={
+                "reason": "rebase_in_your_sandbox", "sandbox": str(box.path),
+                "what_to_do": f"This server runs no git in sandboxes. In your sandbox ({box.path}): git fetch origin "
+                              f"{box.target} && git rebase origin/{box.target}; resolve, commit, then sandbox_merge."})
         conflicts = await box.rebase()
         if conflicts:
             return self._answer(RebaseAnswer, ok=False, reason="rebase_conflict", conflicts=conflicts, diagnostic={
                 "reason": "rebase_conflict", "conflicts": conflicts,
                 "what_to_do": "The rebase was aborted, your sandbox is as it was. Edit those paths to fit the new "
-                              "head (git merge main in your sandbox, resolve, commit), then sandbox_merge."})
+                              "head (git merge origin/main in your sandbox, resolve, commit), then sandbox_merge."})
         return self._answer(RebaseAnswer, ok=True)
 
     async def claim_paths(self, repository: str, paths: list[str]) -> ClaimsAnswer:
@@ -544,18 +563,15 @@ class AgentTools:
         if found is None:
             return self._answer(ClaimsAnswer, ok=False, repository=repository, reason="unknown_repository",
                                 diagnostic=self._unknown_repo(repository))
-        name, path = found
-        kept = await asyncio.to_thread(read_claims, Repos({name: path}, self.client.settings.sandbox_root), path)
-        return self._answer(ClaimsAnswer, ok=True, repository=f"repo:{name}", claims=kept)
+        name, _path = found
+        view = await self._repository_view(name)
+        if "claims" not in view:
+            return self._answer(ClaimsAnswer, ok=False, repository=f"repo:{name}", reason=str(view["reason"]),
+                                diagnostic=view)
+        return self._answer(ClaimsAnswer, ok=True, repository=f"repo:{name}", claims=view["claims"])
 
     async def explain_rejection(self, diagnostic: dict[str, Any]) -> Explanation:
         return explain(diagnostic)
-
-
-def _merge_base(path: Path, target: str, branch: str) -> str:
-    done = subprocess.run(["git", "-C", str(path), "merge-base", f"refs/heads/{target}", f"refs/heads/{branch}"],
-                          capture_output=True, text=True)
-    return done.stdout.strip()
 
 
 @contextlib.asynccontextmanager

@@ -39,7 +39,8 @@ def default_tools(settings: Settings) -> ToolRunner:
 
     configured = settings.repositories()
     repos = Repos({name: r.path for name, r in configured.items()}, settings.sandbox_root,
-                  {name: r.check_digest() if r.check is not None else None for name, r in configured.items()})
+                  {name: r.check_digest() if r.check is not None else None for name, r in configured.items()},
+                  sandbox_group=settings.sandbox_group)
     return worker_tool_registry(Ledger(settings.ledger_url()), repos, merge_failpoint())
 
 

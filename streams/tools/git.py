@@ -9,14 +9,19 @@ themselves are in ``arbiter.streams.tools.repository`` (sandboxes, claims) and
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
+import stat
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from arbiter.schemas.identity import valid_name
 from arbiter.schemas.reasons import Reason
 from arbiter.streams.tools.registry import ToolError
 
@@ -31,24 +36,40 @@ class GitFailed(ToolError):
     """A git command failed."""
 
 
-SAFE_GIT = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false")
-"""Options every git command of Arbiter's runs with. A sandbox is a worktree of the repository, so its agent
-can write the repository's git folder: no hook planted there, and no fsmonitor command, runs with the
-host's authority."""
+SAFE_GIT = ("-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false", "-c", "protocol.allow=never",
+            "-c", "protocol.file.allow=always", "-c", "commit.gpgSign=false", "-c", "tag.gpgSign=false",
+            "-c", "gc.auto=0", "-c", "maintenance.auto=false")
+"""Options every git command of Arbiter's runs with: no hook and no fsmonitor command, no transport but local
+paths, no signing program, no background maintenance. The repository host's git folder is its own (agents
+edit clones of it: ``arbiter.streams.tools.repository``), so its configuration is the operator's; these
+pin what an operator's repository might still say."""
+
+_KEPT_ENV = ("PATH", "HOME", "TMPDIR", "LANG", "TZ")
+"""The only variables of the process's environment git sees: none of Arbiter's (keys, credentials)."""
+
+
+def git_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment Arbiter's git runs in: a few of the process's variables, no system or global git
+    configuration (nothing installed for a person, such as a git-lfs filter, acts on agents' trees), and
+    fixed names for the commits git makes."""
+    env = {name: os.environ[name] for name in _KEPT_ENV if name in os.environ}
+    env.update({"GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C", "GIT_CONFIG_NOSYSTEM": "1",
+                "GIT_CONFIG_GLOBAL": os.devnull, "GIT_ATTR_NOSYSTEM": "1",
+                "GIT_AUTHOR_NAME": os.environ.get("GIT_AUTHOR_NAME", "arbiter"),
+                "GIT_AUTHOR_EMAIL": os.environ.get("GIT_AUTHOR_EMAIL", "arbiter@localhost"),
+                "GIT_COMMITTER_NAME": os.environ.get("GIT_COMMITTER_NAME", "arbiter"),
+                "GIT_COMMITTER_EMAIL": os.environ.get("GIT_COMMITTER_EMAIL", "arbiter@localhost")})
+    env.update(extra or {})
+    return env
 
 
 def git(repo: Path, *args: str, check: bool = True, stdin: str | None = None,
         timeout: float = GIT_TIMEOUT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``git -C repo args`` (with ``SAFE_GIT``); with ``check``, a failure raises ``GitFailed`` with
-    git's message. ``env``: variables added to git's environment."""
-    full = {**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C",
-            "GIT_AUTHOR_NAME": os.environ.get("GIT_AUTHOR_NAME", "arbiter"),
-            "GIT_AUTHOR_EMAIL": os.environ.get("GIT_AUTHOR_EMAIL", "arbiter@localhost"),
-            "GIT_COMMITTER_NAME": os.environ.get("GIT_COMMITTER_NAME", "arbiter"),
-            "GIT_COMMITTER_EMAIL": os.environ.get("GIT_COMMITTER_EMAIL", "arbiter@localhost"), **(env or {})}
+    """Run ``git -C repo args`` (with ``SAFE_GIT``, in ``git_environment``); with ``check``, a failure raises
+    ``GitFailed`` with git's message. ``env``: variables added to git's environment."""
     try:
         done = subprocess.run(["git", *SAFE_GIT, "-C", str(repo), *args], input=stdin, capture_output=True,
-                              text=True, env=full, timeout=timeout)
+                              text=True, env=git_environment(env), timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise GitFailed(f"git {args[0]} took over {timeout:g} s") from exc
     except FileNotFoundError as exc:
@@ -71,11 +92,12 @@ def valid_ref_name(name: str) -> bool:
 class Repos:
     """The repositories a worker serves, by name, and each one's check (its digest, ``Repository``)."""
 
-    def __init__(self, repos: dict[str, Path], sandbox_root: str = "", checks: dict[str, str | None] | None = None
-                 ) -> None:
+    def __init__(self, repos: dict[str, Path], sandbox_root: str = "", checks: dict[str, str | None] | None = None,
+                 *, sandbox_group: str = "") -> None:
         self.repos = repos
         self.sandbox_root = sandbox_root
         self.checks = checks or {}
+        self.sandbox_group = sandbox_group
 
     def check_digest(self, resource: str) -> str | None:
         """The check a merge into ``resource`` must pass (None: it lands unchecked)."""
@@ -99,11 +121,15 @@ class Repos:
         out = git(repo, "rev-parse", "--path-format=absolute", "--git-common-dir").stdout.strip()
         return Path(out)
 
+    def sandbox_folder(self, repo: Path) -> Path:
+        """Where ``repo``'s sandboxes live: one folder each, named by its agent."""
+        if self.sandbox_root:
+            return Path(self.sandbox_root).expanduser() / repo.name
+        return self.git_dir(repo) / "arbiter" / "sandboxes"
+
     def sandbox_path(self, repo: Path, agent: str) -> Path:
         """Where ``agent``'s sandbox of ``repo`` lives."""
-        root = Path(self.sandbox_root).expanduser() / repo.name if self.sandbox_root else \
-            self.git_dir(repo) / "arbiter" / "sandboxes"
-        return root / agent
+        return self.sandbox_folder(repo) / agent
 
     def worktrees(self, repo: Path) -> list[dict[str, str]]:
         """``git worktree list --porcelain`` as dicts (``worktree``, ``HEAD``, ``branch``...)."""
@@ -121,15 +147,108 @@ class Repos:
             out.append(current)
         return out
 
-    def sandboxes(self, repo: Path) -> list[dict[str, Any]]:
-        """Every sandbox of ``repo``: agent, path, branch, head."""
+    def sandboxes(self, repo: Path, *, heads: bool = False) -> list[dict[str, Any]]:
+        """Every sandbox of ``repo``: agent, path, branch (and, with ``heads``, the branch's head as the
+        sandbox has it, asked through ``git ls-remote``: "" when it cannot be read). Read from the folder
+        alone: no git runs in a sandbox for the list."""
+        folder = self.sandbox_folder(repo)
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return []
         found = []
-        for tree in self.worktrees(repo):
-            branch = tree.get("branch", "").removeprefix("refs/heads/")
-            if branch.startswith(BRANCH_PREFIX):
-                found.append({"agent": branch.removeprefix(BRANCH_PREFIX), "path": tree["worktree"],
-                              "branch": branch, "head": tree.get("HEAD", "")})
+        for entry in entries:
+            if valid_name(entry.name) is not None or not entry.is_dir(follow_symlinks=False):
+                continue
+            box: dict[str, Any] = {"agent": entry.name, "path": entry.path, "branch": branch_of(entry.name)}
+            if heads:
+                box["head"] = sandbox_head(repo, Path(entry.path), branch_of(entry.name)) or ""
+            found.append(box)
         return found
+
+
+# -- sandboxes: clones the host reads only through git's upload-pack ----------------------------
+
+SANDBOX_REFS = "refs/arbiter/sandboxes/"
+"""Where the host keeps what it fetched of each agent's sandbox branch (``SANDBOX_REFS<agent>``)."""
+WORK_REFS = "refs/arbiter/work/"
+"""A merge's work, kept by the host for as long as the repository lives (the train and the runner read it)."""
+
+
+def _sandbox_git_dir(path: Path) -> Path:
+    """The git folder of the sandbox at ``path``, refused unless it is a plain folder of the sandbox's own that
+    borrows objects from nowhere but its repository (``ToolError``): the host never reads another repository
+    on an agent's word."""
+    git_dir = path / ".git"
+    try:
+        mode = os.lstat(git_dir).st_mode
+    except OSError:
+        raise ToolError(f"{path} is not a sandbox (no git folder)", reason=Reason.NO_SANDBOX) from None
+    if not stat.S_ISDIR(mode) or os.path.lexists(git_dir / "commondir"):
+        raise ToolError(f"{path}'s git folder is not its own (a link or a worktree's): the host reads only a "
+                        "sandbox it made", reason=Reason.NO_SANDBOX,
+                        advice="Discard this sandbox (sandbox_discard) and make a new one (sandbox_create).")
+    return git_dir
+
+
+@contextlib.contextmanager
+def _reading(git_dir: Path) -> Iterator[dict[str, str]]:
+    """Git's environment to read a sandbox: its folder trusted by name alone (``safe.directory``, for a
+    sandbox its agent's user owns). Git reads that setting only from a global file, never from ``-c``."""
+    handle, name = tempfile.mkstemp(prefix="arbiter-git-", suffix=".config")
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(f"[safe]\n\tdirectory = {_quoted(git_dir)}\n\tdirectory = {_quoted(git_dir.parent)}\n")
+        yield {"GIT_CONFIG_GLOBAL": name}
+    finally:
+        os.unlink(name)
+
+
+def _quoted(path: Path) -> str:
+    """``path`` as a value in a git configuration file."""
+    text = str(path)
+    if "\n" in text:
+        raise ToolError(f"a sandbox path may not hold a line break: {text!r}")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def sandbox_head(repo: Path, path: Path, branch: str) -> str | None:
+    """The commit ``branch`` names in ``repo``'s sandbox at ``path`` (None: it has no such branch, or it cannot
+    be read), through ``git ls-remote`` run in ``repo``: git's upload-pack, which runs nothing a repository's
+    configuration names, is the only git the host runs in a folder an agent writes."""
+    try:
+        git_dir = _sandbox_git_dir(path)
+    except ToolError:
+        return None
+    try:
+        with _reading(git_dir) as env:
+            done = git(repo, "ls-remote", "--", str(git_dir), f"refs/heads/{branch}", check=False, timeout=10.0,
+                       env=env)
+    except (GitFailed, ToolError):
+        return None
+    head = done.stdout.split("\t", 1)[0].strip() if done.returncode == 0 else ""
+    return head if re.fullmatch(r"[0-9a-f]{40}([0-9a-f]{24})?", head) else None
+
+
+def fetch_sandbox(repos: Repos, repo: Path, agent: str, into: str) -> str:
+    """Fetch ``agent``'s sandbox branch into ``repo``'s ref ``into``; the commit. Git's upload-pack reads the
+    sandbox (nothing its configuration names runs), every object is checked as it arrives
+    (``fetch.fsckObjects``: no tree that would write into a git folder), and ``ToolError`` says what is
+    missing."""
+    path = repos.sandbox_path(repo, agent)
+    git_dir = _sandbox_git_dir(path)
+    branch = branch_of(agent)
+    with _reading(git_dir) as env:
+        done = git(repo, "-c", "fetch.fsckObjects=true", "fetch", "--quiet", "--no-tags", "--no-write-fetch-head",
+                   "--no-recurse-submodules", "--", str(git_dir), f"+refs/heads/{branch}:{into}", check=False,
+                   env=env)
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip()[:500]
+        if "couldn't find remote ref" in said:
+            raise ToolError(f"{agent}'s sandbox has no branch {branch!r}", reason=Reason.BRANCH_MISSING,
+                            advice=f"Commit your work on branch {branch} in your sandbox {path}, then merge.")
+        raise GitFailed(f"reading {agent}'s sandbox: {said}")
+    return _commit(repo, into, f"{agent}'s sandbox branch", Reason.NO_SANDBOX)
 
 
 def _commit(repo: Path, ref: str, what: str, missing: Reason = Reason.BRANCH_MISSING) -> str:
@@ -239,6 +358,31 @@ def glob_match(pattern: str, path: str) -> bool:
         else:
             regex, i = regex + re.escape(pattern[i]), i + 1
     return re.fullmatch(regex, path) is not None
+
+
+def write_whole(path: Path, text: str, *, durable: bool = False) -> None:
+    """Replace ``path`` with ``text``, whole or not at all: written to a fresh file of its own beside it
+    (``mkstemp``: never through a link someone left there), then renamed; ``durable``: on disk before the
+    rename, and the rename on disk after it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, scratch = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+            if durable:
+                out.flush()
+                os.fsync(out.fileno())
+        os.replace(scratch, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(scratch)
+        raise
+    if durable:
+        folder = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
 
 
 def claims_file(repos: Repos, repo: Path) -> Path:

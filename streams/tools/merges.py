@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import tempfile
@@ -45,6 +44,7 @@ from arbiter.streams.cores.trust import owned_saga_prefix
 from arbiter.streams.tools.git import (
     GIT_TIMEOUT,
     SAFE_GIT,
+    WORK_REFS,
     Repos,
     _check_target,
     _commit,
@@ -54,10 +54,13 @@ from arbiter.streams.tools.git import (
     _recorded,
     _valid,
     branch_of,
+    fetch_sandbox,
     git,
+    git_environment,
     intent_ref,
     overlapping,
     read_claims,
+    write_whole,
 )
 from arbiter.streams.tools.registry import Replan, ToolCall, ToolError
 
@@ -73,6 +76,12 @@ Failpoint = Callable[[str, str], None]
 
 def no_failpoint(_step: str, _intent_id: str) -> None:
     """A landing that nothing stops."""
+
+
+def work_ref(intent_id: str) -> str:
+    """The ref that keeps the work the merge of intent ``intent_id`` took from its sandbox (the train, the
+    runner and the landing read it; the sandbox may change or go meanwhile)."""
+    return WORK_REFS + hashlib.sha256(intent_id.encode()).hexdigest()[:40]
 
 
 def merge_record_ref(intent_id: str) -> str:
@@ -133,18 +142,7 @@ def journal_path(repos: Repos, repo: Path) -> Path:
 
 
 def _write_journal(path: Path, landing: Landing) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_suffix(".tmp")
-    with open(scratch, "w") as out:
-        json.dump(asdict(landing), out)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(scratch, path)  # whole or not at all
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)
-    finally:
-        os.close(folder)
+    write_whole(path, json.dumps(asdict(landing)), durable=True)
 
 
 def move(repos: Repos, repo: Path, landing: Landing, blob: str | None, failpoint: Failpoint) -> None:
@@ -168,8 +166,7 @@ def move(repos: Repos, repo: Path, landing: Landing, blob: str | None, failpoint
 def _transaction(repo: Path, lines: list[str], prepared: Callable[[], None]) -> None:
     """One ``update-ref --stdin`` transaction: ``prepare`` (locks taken, nothing moved), then ``commit``."""
     proc = subprocess.Popen(["git", *SAFE_GIT, "-C", str(repo), "update-ref", "--stdin"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "GIT_TERMINAL_PROMPT": "0", "LC_ALL": "C"})
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=git_environment())
     assert proc.stdin is not None and proc.stdout is not None
     try:
         proc.stdin.write("start\n" + "\n".join(lines) + "\nprepare\n")
@@ -205,23 +202,40 @@ def recover(repos: Repos, repo: Path) -> str | None:
     """Finish or undo what a landing's journal left (see the module's text); what was done, or None."""
     journal = journal_path(repos, repo)
     try:
-        data = json.loads(journal.read_text())
-        landing = Landing(**{**data, "refs": tuple(data["refs"])})
+        landing = _read_journal(journal, repo)
     except FileNotFoundError:
         return None
     except (ValueError, TypeError, KeyError):
         journal.unlink(missing_ok=True)  # torn: it was written before anything moved
         return "removed a journal that was never whole"
+    git_dir = repos.git_dir(repo)
     current = _commit(repo, f"refs/heads/{landing.target}", "target branch")
     done = "nothing had moved"
     if current == landing.new:
         if landing.main is not None:
+            _clear_locks(git_dir, ("index",), landing.at)  # a checkout killed midway leaves the index locked
             sync_checkout(Path(landing.main), landing.old, landing.new)
         done = "the branch had moved: the checkout follows it"
     elif current == landing.old:
-        done = _clear_locks(repos.git_dir(repo), landing.refs, landing.at)
+        done = _clear_locks(git_dir, landing.refs, landing.at)
     journal.unlink(missing_ok=True)
     return f"recovered the landing of {landing.intent_id}: {done}"
+
+
+def _read_journal(journal: Path, repo: Path) -> Landing:
+    """The journal's landing, or ``ValueError`` when it is not one this host wrote: the refs it names are
+    those its landing locks, and its checkout is the repository's own (a journal is never a way to name
+    another folder or file)."""
+    data = json.loads(journal.read_text())
+    landing = Landing(**{**data, "refs": tuple(data["refs"])})
+    _valid("target", landing.target)
+    allowed = {"HEAD", f"refs/heads/{landing.target}", intent_ref(landing.intent_id),
+               merge_record_ref(landing.intent_id)}
+    if not set(landing.refs) <= allowed:
+        raise ValueError(f"a journal names refs its landing does not lock: {landing.refs}")
+    if landing.main is not None and Path(landing.main).resolve() != repo.resolve():
+        raise ValueError(f"a journal names a checkout that is not the repository's: {landing.main}")
+    return landing
 
 
 def _clear_locks(git_dir: Path, refs: tuple[str, ...], since: float) -> str:
@@ -253,8 +267,7 @@ def join(repos: Repos, call: ToolCall) -> dict[str, Any]:
         return {"commit": str(done.get("work", done["head"])), "head": str(done.get("previous", done["head"])),
                 "target": target, "check_digest": repos.check_digest(call.resource)}
     head = _commit(repo, f"refs/heads/{target}", "target branch")
-    work = _commit(repo, f"refs/heads/{branch_of(call.agent_id)}", f"{call.agent_id}'s sandbox branch",
-                   Reason.NO_SANDBOX)
+    work = fetch_sandbox(repos, repo, call.agent_id, work_ref(call.intent_id))
     if git(repo, "merge-base", "--is-ancestor", work, head, check=False).returncode == 0:
         raise ToolError(f"nothing to merge: {branch_of(call.agent_id)} has no commit that {target} lacks",
                         reason=Reason.NOTHING_TO_MERGE, advice="Commit your work in the sandbox first.")

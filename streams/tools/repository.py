@@ -1,7 +1,7 @@
 """The repository host's tools, as the gateway runs them in a repository's decision order.
 
-- ``sandbox_create`` makes the agent's worktree, on branch ``arbiter/<agent>``, from ``base``;
-- ``sandbox_discard`` removes the agent's worktree and branch (and its path claim);
+- ``sandbox_create`` makes the agent's sandbox, a clone on branch ``arbiter/<agent>``, from ``base``;
+- ``sandbox_discard`` removes the agent's sandbox (and its path claim);
 - ``claim`` announces the paths the agent works on (advisory: claims block nothing);
 - ``merge`` joins the repository's train (``arbiter.streams.tools.merges.join``); the train lands it;
 - ``revert_merge`` (the compensation of ``merge``) reverts what a merge brought, as a new commit.
@@ -17,7 +17,10 @@ import asyncio
 import functools
 import json
 import os
+import shutil
+import stat
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,6 +30,7 @@ from arbiter.streams.cores.train import Entry, Verdict
 from arbiter.streams.tools import merges
 from arbiter.streams.tools.git import (
     BRANCH_PREFIX,
+    SANDBOX_REFS,
     Repos,
     _commit,
     _valid,
@@ -35,19 +39,21 @@ from arbiter.streams.tools.git import (
     git,
     overlapping,
     read_claims,
+    sandbox_head,
+    write_whole,
 )
 from arbiter.streams.tools.registry import ToolCall, ToolError, ToolRegistry
 
 
 class SandboxCreateArgs(BaseModel):
-    """Make the agent's sandbox: a worktree on its own branch from ``base``."""
+    """Make the agent's sandbox: a clone of the repository on its own branch from ``base``."""
 
     model_config = ConfigDict(extra="forbid")
     base: str = Field(default="main", min_length=1, max_length=200)
 
 
 class SandboxDiscardArgs(BaseModel):
-    """Remove the agent's sandbox: its worktree and its branch."""
+    """Remove the agent's sandbox, and what the host kept of its branch."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -96,11 +102,11 @@ def read(repos: Repos, resource: str) -> dict[str, Any] | None:
     heads = dict(line.split(" ", 1)[::-1] for line in git(
         repo, "for-each-ref", "--format=%(objectname) %(refname:short)", "refs/heads/").stdout.splitlines())
     return {"repository": resource, "heads": {k: v for k, v in heads.items() if not k.startswith(BRANCH_PREFIX)},
-            "sandboxes": repos.sandboxes(repo), "claims": read_claims(repos, repo)}
+            "sandboxes": repos.sandboxes(repo, heads=True), "claims": read_claims(repos, repo)}
 
 
 def sandbox_create(repos: Repos, call: ToolCall) -> dict[str, Any]:
-    """Make the agent's worktree on branch arbiter/<agent>, from base."""
+    """Make the agent's sandbox: a clone of the repository on branch arbiter/<agent>, from base."""
     args = call.arguments
     assert isinstance(args, SandboxCreateArgs)
     repo = repos.path(call.resource)
@@ -109,42 +115,86 @@ def sandbox_create(repos: Repos, call: ToolCall) -> dict[str, Any]:
     _valid("base", args.base)
     _valid("sandbox branch", branch)
     base = _commit(repo, args.base, "base")
-    mine = next((s for s in repos.sandboxes(repo) if s["agent"] == call.agent_id), None)
-    if mine is not None:
-        raise ToolError(f"{call.agent_id} has a sandbox of {call.resource} already, at {mine['path']}",
+    if os.path.lexists(path):
+        mine = {"agent": call.agent_id, "path": str(path), "branch": branch}
+        raise ToolError(f"{call.agent_id} has a sandbox of {call.resource} already, at {path}",
                         reason=Reason.SANDBOX_EXISTS, sandbox=mine, advice="Work in it, merge it, or discard it first.")
-    if git(repo, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False).returncode == 0:
-        raise ToolError(f"branch {branch!r} exists without a sandbox", reason=Reason.SANDBOX_EXISTS,
-                        advice="Discard it (sandbox_discard, arbiter sandbox discard), then make the sandbox.")
     path.parent.mkdir(parents=True, exist_ok=True)
-    git(repo, "worktree", "add", "-b", branch, str(path), base)
+    try:
+        make_sandbox(repos, repo, path, branch, base)
+    except BaseException:
+        _remove_tree(path)  # whole or not at all
+        raise
     return {"repository": call.resource, "agent": call.agent_id, "path": str(path), "branch": branch, "base": base,
             "base_ref": args.base}
 
 
+def make_sandbox(repos: Repos, repo: Path, path: Path, branch: str, base: str) -> None:
+    """Clone ``repo`` to ``path`` on ``branch`` at ``base``: a git folder of the sandbox's own, which its agent
+    may configure as it likes, since the host reads it only through git's upload-pack. The clone borrows the
+    repository's objects (``--shared``), so it costs what the checkout costs; its remote ``origin`` is the
+    repository, where the agent fetches the target's new head to rebase."""
+    git(repo, "clone", "--quiet", "--shared", "--no-checkout", "--no-tags", "--", str(repo), str(path))
+    git(path, "checkout", "--quiet", "-b", branch, base)
+    for other in git(path, "for-each-ref", "--format=%(refname)", "refs/heads/").stdout.split():
+        if other != f"refs/heads/{branch}":  # a stale copy of the target would be rebased on by mistake
+            git(path, "update-ref", "-d", other)
+    if repos.sandbox_group:
+        share_with_group(path, repos.sandbox_group)
+
+
+def share_with_group(path: Path, group: str) -> None:
+    """Give the sandbox to ``group`` (the agents' users), read-write, new files too."""
+    import grp
+
+    gid = grp.getgrnam(group).gr_gid
+    git(path, "config", "core.sharedRepository", "group")
+    for root, dirs, files in os.walk(path):
+        for name in (root, *(os.path.join(root, d) for d in dirs), *(os.path.join(root, f) for f in files)):
+            os.lchown(name, -1, gid)
+            if not os.path.islink(name):
+                mode = os.lstat(name).st_mode
+                os.chmod(name, mode | 0o060 | (0o2010 if stat.S_ISDIR(mode) else 0))
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove a sandbox's folder (never following a link out of it)."""
+    if os.path.islink(path):
+        os.unlink(path)
+    elif os.path.lexists(path):
+        shutil.rmtree(path)
+
+
+def remove_sandbox(repos: Repos, repo: Path, agent: str) -> dict[str, Any] | None:
+    """Remove ``agent``'s sandbox of ``repo`` and what the host kept of its branch; what it was (None: none)."""
+    path = repos.sandbox_path(repo, agent)
+    if not os.path.lexists(path):
+        return None
+    head = sandbox_head(repo, path, branch_of(agent)) or ""
+    if os.path.isfile(path / ".git") and not os.path.islink(path / ".git"):
+        # A sandbox made by an earlier Arbiter, a worktree of the repository: git removes it.
+        git(repo, "worktree", "remove", "--force", str(path), check=False)
+        git(repo, "branch", "-D", branch_of(agent), check=False)
+    _remove_tree(path)
+    git(repo, "worktree", "prune", check=False)
+    git(repo, "update-ref", "-d", SANDBOX_REFS + agent, check=False)
+    return {"path": str(path), "head": head}
+
+
 def _write_claims(repos: Repos, repo: Any, claims: dict[str, list[str]]) -> None:
-    path = claims_file(repos, repo)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = path.with_suffix(".tmp")
-    scratch.write_text(json.dumps(claims, sort_keys=True, indent=1))
-    os.replace(scratch, path)  # whole or not at all
+    write_whole(claims_file(repos, repo), json.dumps(claims, sort_keys=True, indent=1))
 
 
 def sandbox_discard(repos: Repos, call: ToolCall) -> dict[str, Any]:
-    """Remove the agent's worktree and its branch."""
+    """Remove the agent's sandbox, and what the host kept of its branch."""
     repo = repos.path(call.resource)
     merges.recover(repos, repo)
-    branch = branch_of(call.agent_id)
-    mine = next((s for s in repos.sandboxes(repo) if s["agent"] == call.agent_id), None)
-    if mine is not None:
-        git(repo, "worktree", "remove", "--force", mine["path"])
-    had_branch = git(repo, "branch", "-D", branch, check=False).returncode == 0
-    git(repo, "worktree", "prune")
+    gone = remove_sandbox(repos, repo, call.agent_id)
     claims = read_claims(repos, repo)
     if claims.pop(call.agent_id, None) is not None:
         _write_claims(repos, repo, claims)
-    return {"repository": call.resource, "agent": call.agent_id, "discarded": mine is not None or had_branch,
-            "path": mine["path"] if mine else None, "head": mine["head"] if mine else None}
+    return {"repository": call.resource, "agent": call.agent_id, "discarded": gone is not None,
+            "path": gone["path"] if gone else None, "head": gone["head"] if gone else None}
 
 
 def claim(repos: Repos, call: ToolCall) -> dict[str, Any]:

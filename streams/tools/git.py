@@ -10,6 +10,7 @@ themselves are in ``arbiter.streams.tools.repository`` (sandboxes, claims) and
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ import stat
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -338,26 +340,121 @@ def _landed(repo: Path, base: str | None, head: str) -> list[dict[str, str]]:
             for line in done.stdout.splitlines() if line]
 
 
-def glob_match(pattern: str, path: str) -> bool:
-    """``path`` matches ``pattern``: ``*`` within one segment, ``**`` across any number, a trailing ``/`` a folder."""
+def _glob_text(pattern: str) -> str:
+    """A claim as the matcher reads it: stripped, its leading '.' and '/' characters dropped (``./src``, ``/src``
+    and ``.src`` all read ``src``), empty as ``**``, a trailing ``/`` as the folder and everything below,
+    ``**/**`` as ``**``. Theory: that rewrite has one normal form whatever the
+    order (it only shortens, and its overlaps ``**/**/**`` and ``**/***/**`` each end the same either way), so
+    one pass with a stack reaches it in linear time, where repeating ``str.replace`` may not."""
     pattern = pattern.strip().lstrip("./") or "**"
     if pattern.endswith("/"):
         pattern += "**"
-    while "**/**" in pattern:  # the same set, and no regex that backtracks for ever
-        pattern = pattern.replace("**/**", "**")
-    regex, i = "", 0
+    out: list[str] = []
+    for char in pattern:
+        out.append(char)
+        while out[-5:] == ["*", "*", "/", "*", "*"]:  # only the last push can have made one
+            del out[-3:]
+    return "".join(out)
+
+
+_WILD = ("**/", "**", "*")  # none or any folders; anything; anything within one segment
+
+
+def _fold(run: list[str]) -> list[str]:
+    """A run of adjacent wildcards as an equal one of at most two. Theory: ``**`` absorbs its neighbours,
+    ``**/`` then ``*`` is anything (split at the last '/'), and a wildcard twice is itself once."""
+    if "**" in run or ("**/" in run and "*" in run[run.index("**/"):]):
+        return ["**"]
+    return [wild for wild in ("*", "**/") if wild in run]
+
+
+def _glob_tokens(pattern: str) -> list[str]:
+    """The pattern's tokens: a wildcard of ``_WILD``, ``?`` (one character of a segment), or one literal
+    character. Theory: read left to right as the regex it replaces was, ``**/`` before ``**`` before ``*``."""
+    tokens: list[str] = []
+    run: list[str] = []
+    i = 0
     while i < len(pattern):
-        if pattern.startswith("**/", i):
-            regex, i = regex + "(?:.*/)?", i + 3
-        elif pattern.startswith("**", i):
-            regex, i = regex + ".*", i + 2
-        elif pattern[i] == "*":
-            regex, i = regex + "[^/]*", i + 1
-        elif pattern[i] == "?":
-            regex, i = regex + "[^/]", i + 1
+        wild = next((w for w in _WILD if pattern.startswith(w, i)), None)
+        if wild is not None:
+            run.append(wild)
+            i += len(wild)
+            continue
+        tokens += [*_fold(run), pattern[i]]
+        run = []
+        i += 1
+    return tokens + _fold(run)
+
+
+@dataclass(frozen=True)
+class _Glob:
+    """A glob as a bit-parallel NFA: a set bit is a state, "this token is next"; bit ``accept`` is "matched".
+    ``**/`` takes three bits: an entry with ε-moves to the next bit and past all three, a loop on any
+    character, a literal '/'."""
+
+    literal: dict[str, int]  # bits that consume exactly this character
+    one: int  # bits that consume one character but '/'
+    segment_loop: int  # bits that stay on any character but '/' (``*``)
+    any_loop: int  # bits that stay on any character (``**``, the loop of ``**/``)
+    skip1: int  # ε-moves to the next bit
+    skip3: int  # ε-moves past the next two (``**/`` matching nothing)
+    accept: int
+
+    def close(self, states: int) -> int:
+        """``states`` with every state reachable by ε-moves. Theory: wildcard runs are folded to at most two
+        tokens, so this settles within five rounds."""
+        while True:
+            more = states | ((states & self.skip1) << 1) | ((states & self.skip3) << 3)
+            if more == states:
+                return states
+            states = more
+
+    def step(self, states: int, char: str) -> int:
+        """The states after reading ``char`` from ``states``. Theory: shift-and, every state at once."""
+        after = ((states & self.literal.get(char, 0)) << 1) | (states & self.any_loop)
+        if char != "/":
+            after |= ((states & self.one) << 1) | (states & self.segment_loop)
+        return self.close(after)
+
+
+@functools.lru_cache(maxsize=1024)
+def _compile_glob(pattern: str) -> _Glob:
+    """The NFA of a claim pattern. Theory: one bit per token (three for ``**/``), a mask per kind of move."""
+    literal: dict[str, int] = {}
+    one = segment_loop = any_loop = skip1 = skip3 = 0
+    k = 0
+    for token in _glob_tokens(_glob_text(pattern)):
+        bit = 1 << k
+        if token == "?":
+            one |= bit
+        elif token == "*":
+            segment_loop, skip1 = segment_loop | bit, skip1 | bit
+        elif token == "**":
+            any_loop, skip1 = any_loop | bit, skip1 | bit
+        elif token == "**/":  # entry, loop, '/'
+            skip1, skip3 = skip1 | bit | bit << 1, skip3 | bit
+            any_loop |= bit << 1
+            literal["/"] = literal.get("/", 0) | bit << 2
+            k += 2
         else:
-            regex, i = regex + re.escape(pattern[i]), i + 1
-    return re.fullmatch(regex, path) is not None
+            literal[token] = literal.get(token, 0) | bit
+        k += 1
+    return _Glob(literal, one, segment_loop, any_loop, skip1, skip3, k)
+
+
+def glob_match(pattern: str, path: str) -> bool:
+    """``path`` matches ``pattern``: ``*`` within one segment, ``?`` one character of one, ``**`` across any
+    number (``a/**/b`` is also ``a/b``), a trailing ``/`` a folder and everything below, ``""`` everything;
+    the rest is itself (``[`` too).
+    Theory: every position of the pattern is tried at once, one path character at a time (no backtracking),
+    so the time is O(len(pattern) * len(path)) whatever either is."""
+    glob = _compile_glob(pattern)
+    states = glob.close(1)
+    for char in path:
+        if not states:
+            return False
+        states = glob.step(states, char)
+    return bool(states >> glob.accept & 1)
 
 
 def write_whole(path: Path, text: str, *, durable: bool = False) -> None:

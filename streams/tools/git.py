@@ -312,11 +312,18 @@ def _fits_checkout(main: Path | None, old: str, new: str) -> None:
         return
     text = done.stderr or done.stdout
     # One "file 'x' would be overwritten" line per path, or (other git versions) a list of tab-led lines.
-    paths = sorted({*re.findall(r"file '(.+?)' would be overwritten", text),
-                    *(line.strip() for line in text.splitlines() if line.startswith("\t"))})
+    paths = sorted({*(_overwritten(line) for line in text.splitlines() if "' would be overwritten" in line),
+                    *(line.strip() for line in text.splitlines() if line.startswith("\t"))} - {""})
     raise ToolError(f"the main checkout {main} cannot follow the merge: {text.strip()[:500]}",
                     reason=Reason.UNTRACKED_IN_THE_WAY, paths=paths,
                     advice=f"The operator moves those files out of {main}; then merge again.")
+
+
+def _overwritten(line: str) -> str:
+    """The path in git's "... file 'x' would be overwritten ..." line (read by position: no regex backtracks
+    over a long line)."""
+    start, end = line.find("file '"), line.rfind("' would be overwritten")
+    return line[start + 6:end] if 0 <= start < end else ""
 
 
 def _conflicts(repo: Path, head: str, branch: str, options: tuple[str, ...] = ()) -> tuple[str | None, list[str]]:

@@ -242,6 +242,7 @@ def runner(ctx: click.Context, name: str, depth: int, loglevel: str) -> None:
 
     from arbiter.edge.keys import identity_problem
     from arbiter.runner import serve
+    from arbiter.streams.tools.checks import CheckUserError, check_account
 
     problem = identity_problem(name)
     if problem:
@@ -249,6 +250,10 @@ def runner(ctx: click.Context, name: str, depth: int, loglevel: str) -> None:
     settings = settings_of(ctx)
     if not broker_answers(settings.bootstrap, options=kafka_client_options(settings)):
         unreachable(settings.bootstrap)
+    try:  # said once, at the start, rather than by every check it would refuse
+        check_account(settings.check_user)
+    except CheckUserError as exc:
+        fail(str(exc))
     logging.basicConfig(level=loglevel.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stop = asyncio.Event()
 

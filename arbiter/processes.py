@@ -148,15 +148,24 @@ class RunnerProcess:
     name: str = "runner"
     depth: int = 4
     extra_env: dict[str, str] = field(default_factory=dict)
+    trusted_agents: bool = False
+    """One user that trusts its agents (the demo, the benchmarks, the tests): not root and with no check user
+    set, its checks run as this very user, who can read the runner's key (``trusted_check_user``). As root,
+    nothing changes: they run as ``nobody``."""
     proc: subprocess.Popen[bytes] | None = None
     log: Path | None = None
 
     def start(self) -> RunnerProcess:
         """Start it (it reads the log from the start: it is ready when it has caught up)."""
+        from arbiter.streams.tools.checks import trusted_check_user
+
         logs = (self.settings.home / "logs").resolve()
         logs.mkdir(parents=True, exist_ok=True)
         self.log = logs / f"runner-{self.name}.log"
-        env = {**settings_env(self.settings), **self.extra_env}
+        env = settings_env(self.settings)
+        if self.trusted_agents:
+            env["ARBITER_CHECK_USER"] = trusted_check_user(self.settings.check_user)
+        env.update(self.extra_env)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "arbiter", "runner", "--name", self.name, "--depth", str(self.depth)],

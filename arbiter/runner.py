@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -51,6 +53,8 @@ from arbiter.streams.tools.registry import ToolError
 
 log = logging.getLogger("arbiter.runner")
 
+PR_SET_DUMPABLE = 4
+"""prctl(2)'s option number (linux/prctl.h)."""
 RETRY_SECONDS = 2.0
 """How soon a repository that could not be planned or checked is tried again."""
 Key = tuple[str, str]
@@ -254,9 +258,21 @@ def _verdict(runner: str, resource: str, entry: Entry, base: str, commit: str, t
         sent_at_ms=now_ms())
 
 
+def undumpable() -> None:
+    """Make this process undumpable (``prctl(PR_SET_DUMPABLE, 0)``; Linux only, best effort). Its key may be
+    in its memory and its environment (handed over as a secret store would), and a process of the same user
+    (a check, when one user trusts its agents) could otherwise read ``/proc/<pid>/environ`` or ptrace it and
+    sign its own pass: undumpable, those are root's alone. Its children get their own flag back at exec."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
 async def serve(settings: Settings, name: str, depth: int, stop: asyncio.Event | None = None) -> None:
     """Run a check runner until ``stop`` (or for ever); its identity (role ``runner``) is issued first in a
     home that holds the admin key."""
+    undumpable()
     if not settings.identity_key:
         await ensure_identity(settings, name, role=ROLE_RUNNER)
     runner = CheckRunner(settings, name, depth)

@@ -114,7 +114,8 @@ async def throughput(agents: int, rounds: int, check: str | None, depth: int) ->
         config.write_text(f"[repos.app]\npath = {json.dumps(str(repo))}\n"
                           + (f"check = {json.dumps(check)}\ncheck_timeout_seconds = 60\n" if check else ""))
         async with bench_arbiter(repos_file=config) as settings:
-            runner = RunnerProcess(settings, depth=depth).start()
+            # The bench is one user that trusts its agents: not root, its checks run as this very user.
+            runner = RunnerProcess(settings, depth=depth, trusted_agents=True).start()
             procs: list[asyncio.subprocess.Process] = []
             try:
                 env = settings_env(settings)

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from arbiter.edge.settings import Repository, Settings
-from arbiter.streams.tools.checks import CheckUserError, check_account, run_check
+from arbiter.streams.tools.checks import CheckUserError, check_account, run_check, trusted_check_user
 
 
 def sh(repo: Path, *args: str) -> str:
@@ -40,7 +41,8 @@ def check(repo: Path, command: str, **options: object) -> Repository:
 
 
 def run(repo: Path, command: str, **options: object):  # type: ignore[no-untyped-def]
-    return asyncio.run(run_check(repo, "main", check(repo, command, **options)))
+    # Root (CI): the checks run as nobody. Not root: as this very user, said explicitly, as a runner must.
+    return asyncio.run(run_check(repo, "main", check(repo, command, **options), check_user=trusted_check_user()))
 
 
 def test_the_check_sees_the_whole_tree_and_no_way_back_to_the_repository(repo: Path) -> None:
@@ -71,14 +73,14 @@ def test_as_root_the_check_is_another_user_who_cannot_read_a_key_or_write_the_re
     control = shared / "open" / "reached"
     attempt = f"cat {secret}; touch {marker}; touch {repo}/.git/hooks/post-checkout; touch {control}; id -un"
     result = run(repo, attempt)
-    who = check_account("")
+    who = check_account(trusted_check_user())
     if os.geteuid() == 0:
         assert who.name == "nobody" and who.drop and result.user == "nobody", result
         assert "PRIVATE" not in result.output and "Permission denied" in result.output, result.output
         assert not marker.exists() and not (repo / ".git" / "hooks" / "post-checkout").exists()
         assert control.exists(), "the check did run, and could write where every user may"
         assert result.output.strip().splitlines()[-1] == "nobody"
-    else:  # not root: the process's own user, as the docs say (make it one that holds no secrets)
+    else:  # not root: the process's own user, named explicitly (one user that trusts its agents)
         assert not who.drop and result.user == who.name
 
 
@@ -88,6 +90,23 @@ def test_the_check_user_cannot_be_root_or_unknown() -> None:
     if os.geteuid() == 0:
         with pytest.raises(CheckUserError, match="may not be root"):
             check_account("root")
+
+
+def test_not_as_root_a_check_runs_as_the_runners_own_user_only_when_that_user_is_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding: a runner that was not root, with no check user set, ran checks as its own user, who can read
+    its key file and /proc/<runner>/environ and so sign its own pass. It is refused, saying how to fix it,
+    unless the check user names this very user (one user that trusts its agents)."""
+    entry = next(e for e in pwd.getpwall() if e.pw_uid != 0)
+    monkeypatch.setattr(os, "geteuid", lambda: entry.pw_uid)
+    with pytest.raises(CheckUserError, match=f"ARBITER_CHECK_USER={entry.pw_name}") as refused:
+        check_account("")
+    assert "read this runner's key" in str(refused.value) and "as root" in str(refused.value)
+    with pytest.raises(CheckUserError, match="not root"):
+        asyncio.run(run_check(Path("/nonexistent"), "main", Repository(name="app", path=Path("/x"), check="true")))
+    who = check_account(entry.pw_name)
+    assert (who.name, who.uid, who.drop) == (entry.pw_name, entry.pw_uid, False)
+    assert trusted_check_user() == entry.pw_name and trusted_check_user("ci") == "ci"
 
 
 def test_a_check_past_its_time_is_stopped_with_everything_it_started(repo: Path, shared: Path) -> None:

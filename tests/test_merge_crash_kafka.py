@@ -100,7 +100,7 @@ async def test_a_host_killed_landing_a_checked_merge_lands_it_once_on_its_verdic
     intent = f"crash-{uuid.uuid4().hex}"
     pool = WorkerPool(settings)
     await start_worker(settings, pool, {"ARBITER_FAILPOINT": f"{failpoint}:{intent}"})
-    runner = RunnerProcess(settings).start()
+    runner = RunnerProcess(settings, trusted_agents=True).start()
     try:
         async with ArbiterClient("eve", settings) as eve, eve.sandbox("app", keep=True) as box:
             commit(box.path, "x.py", "x = 1\n", "eve: x")

@@ -85,7 +85,7 @@ class Stack:
                                 text=True, start_new_session=True)
 
     def runner(self, depth: int = 4) -> RunnerProcess:
-        return RunnerProcess(self.settings, depth=depth).start()
+        return RunnerProcess(self.settings, depth=depth, trusted_agents=True).start()
 
     async def log(self) -> Log:
         return await read_log(self.settings)

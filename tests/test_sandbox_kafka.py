@@ -53,7 +53,7 @@ async def stack(bootstrap: str, tmp_path: Path, request: pytest.FixtureRequest
     check runner runs it."""
     marker = request.node.get_closest_marker("repository_check")
     settings, pool, repo = await _stack(bootstrap, tmp_path, check=marker.args[0] if marker else None)
-    runner = RunnerProcess(settings).start() if marker else None
+    runner = RunnerProcess(settings, trusted_agents=True).start() if marker else None
     try:
         yield settings, repo
     finally:

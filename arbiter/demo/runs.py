@@ -80,10 +80,11 @@ async def coding_story(settings: Settings) -> Any:
     from arbiter.agents.identities import Registrar
     from arbiter.schemas.identity import ROLE_RUNNER
 
-    # The check runner an operator runs, with a key of its own handed over in memory like the agents'.
+    # The check runner an operator runs, with a key of its own handed over in memory like the agents'. The
+    # demo is one user that trusts its agents: not root, its checks run as this very user (as root, nobody).
     signer = await Registrar(settings).add("demo-checks", role=ROLE_RUNNER, allow=["repo:"], keep_key=False)
     own = settings.model_copy(update={"identity": "demo-checks", "identity_key": signer.private_pem().decode()})
-    runner = RunnerProcess(own, name="demo-checks", depth=2).start()
+    runner = RunnerProcess(own, name="demo-checks", depth=2, trusted_agents=True).start()
     try:
         return await safe_story(settings, lambda name: _enroll(settings, name, ["repo:"]))
     finally:

@@ -208,8 +208,9 @@ class Settings(BaseSettings):
     ``check_env``, ``check_path`` (``Repository``)."""
 
     check_user: str = ""
-    """The user a check runs as. Empty: this process's own user, or ``nobody`` when it runs as root (an
-    agent's code never runs as root)."""
+    """The user a check runs as. Empty: ``nobody`` when the runner runs as root (an agent's code never runs
+    as root); a runner that is not root refuses to check unless this names its own user, which accepts that
+    checks can read its key (one user that trusts its agents)."""
 
     sandbox_root: str = ""
     """Where sandboxes (one clone of the repository per agent) are made, ``<root>/<repository>/<agent>``;

@@ -14,8 +14,10 @@ runs is the agents' code (their tests, their build), so it gets nothing an agent
   ``CI=1`` and the repository's ``check_env``: none of the process's variables (no ``ARBITER_*``, no
   key paths, no Kafka credentials).
 - **Another user.** As root, the check runs as ``check_user`` (``nobody`` unless the operator names
-  another), which cannot read Arbiter's keys (mode 0600) nor write the repository. Not as root, it
-  runs as the process's own user: make that a user that holds no secrets (see the docs).
+  another), which cannot read Arbiter's keys (mode 0600) nor write the repository. Not as root, a
+  check would run as the process's own user, who can read the runner's key (its file, its
+  environment) and so sign its own pass: ``check_account`` refuses that unless ``check_user`` names
+  this very user, which says that one user trusts its agents (the demo, the benchmarks, the tests).
 - **Limits.** The command's whole session (everything it started) is killed at its time limit, when
   its output passes the output limit, and when it ends; the scratch folder is removed after.
 
@@ -89,13 +91,19 @@ class _Account:
 
 
 def check_account(name: str) -> _Account:
-    """Who a check runs as: ``name`` (or ``nobody`` when this process is root and names no one), else the
-    process's own user. ``CheckUserError`` when this process cannot become ``name``."""
+    """Who a check runs as: ``name``, or ``nobody`` when this process is root and names no one.
+    ``CheckUserError`` when this process cannot become ``name``, and when it is not root and names no one:
+    its checks would run as its own user, who can read its key, and that must be said (see the message)."""
     me = os.geteuid()
     if not name:
         if me != 0:
-            entry = pwd.getpwuid(me)
-            return _Account(entry.pw_name, entry.pw_uid, entry.pw_gid, False)
+            own = _own_user()
+            raise CheckUserError(
+                f"this process runs as {own!r} (uid {me}), not root, and no check user is set: its checks would run "
+                f"as {own!r}, who can read this runner's key (its key file, its environment) and so sign a check's "
+                "pass. Run the runner as root (checks run as ARBITER_CHECK_USER, nobody by default), or, for one "
+                f"user whose agents are trusted, set ARBITER_CHECK_USER={own} to accept that checks can read the "
+                "runner's key")
         name = "nobody"  # never run an agent's code as root
     try:
         entry = pwd.getpwnam(name)
@@ -107,8 +115,27 @@ def check_account(name: str) -> _Account:
         return _Account(entry.pw_name, entry.pw_uid, entry.pw_gid, False)
     if me != 0:
         raise CheckUserError(f"this process runs as uid {me}, not root: it cannot run checks as {name!r}; run it "
-                             "as that user instead, or unset ARBITER_CHECK_USER")
+                             f"as root, or as {name!r} itself (one user that trusts its agents: its checks can "
+                             "read the runner's key)")
     return _Account(entry.pw_name, entry.pw_uid, entry.pw_gid, True)
+
+
+def trusted_check_user(configured: str = "") -> str:
+    """The check user of a deployment that is one user trusting its own agents (the demo, the benchmarks,
+    the tests): ``configured`` when set; as root, '' (``nobody``); else this process's own user, named
+    explicitly, as ``check_account`` wants it (its checks can read the runner's key)."""
+    if configured or os.geteuid() == 0:
+        return configured
+    return _own_user()
+
+
+def _own_user() -> str:
+    uid = os.geteuid()
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:  # a uid with no name (a container's): a name check_account cannot look up either
+        raise CheckUserError(f"this process's uid {uid} has no user name on this machine: name a check user "
+                             "(ARBITER_CHECK_USER)") from None
 
 
 def _materialize(repo: Path, commit: str, scratch: Path, account: _Account) -> str:

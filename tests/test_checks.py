@@ -7,13 +7,15 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
+import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from arbiter.edge.settings import Repository, Settings
-from arbiter.streams.tools.checks import CheckUserError, check_account, run_check, trusted_check_user
+from arbiter.streams.tools import checks
+from arbiter.streams.tools.checks import CheckUserError, check_account, pid_namespaces, run_check, trusted_check_user
 
 
 def sh(repo: Path, *args: str) -> str:
@@ -126,6 +128,50 @@ def test_a_check_that_ends_leaves_nothing_running(repo: Path, shared: Path) -> N
     assert started.exists(), "the check ran, and could write the marker"
     asyncio.run(asyncio.sleep(1.5))
     assert not alive.exists()
+
+
+needs_namespaces = pytest.mark.skipif(not pid_namespaces(), reason="checks get a PID namespace of their own as root, "
+                                     "where the kernel allows it (else a warning says they may leave processes)")
+
+
+@needs_namespaces
+def test_a_check_that_detaches_leaves_nothing_running_after_its_verdict(repo: Path, shared: Path) -> None:
+    """Finding: a check that left its session (setsid, a double fork) outlived the kill of its session and
+    kept running as the check user after its verdict, where it could tamper with later checks. Each check is
+    the first process of a PID namespace of its own: when it ends, or is stopped at its time limit, the kernel
+    kills all it started. (The wait is on the clock: what is asserted is that a timer never fires.)"""
+    ended, stopped = shared / "open" / "after-end", shared / "open" / "after-stop"
+    result = run(repo, f"setsid -f sh -c 'sleep 2; touch {ended}'; (setsid sh -c 'sleep 2; touch {ended}' &); "
+                       "echo detached")
+    assert result.passed and "detached" in result.output, result
+    result = run(repo, f"setsid -f sh -c 'sleep 2; touch {stopped}'; sleep 30", check_timeout_seconds=0.5)
+    assert not result.passed and result.stopped == "time", result
+    asyncio.run(asyncio.sleep(3))
+    assert not ended.exists(), "a process a check detached outlived the check"
+    assert not stopped.exists(), "a process a check detached outlived the check stopped at its time limit"
+
+
+@needs_namespaces
+def test_as_root_the_check_keeps_no_capability_and_is_its_namespaces_first_process(repo: Path) -> None:
+    result = run(repo, "grep -E '^(Cap|NoNewPrivs)' /proc/self/status; echo pid $$")
+    fields = dict(line.split(":", 1) for line in result.output.splitlines() if ":" in line)
+    assert {name: int(value, 16) for name, value in fields.items() if name.startswith("Cap")} == {
+        "CapInh": 0, "CapPrm": 0, "CapEff": 0, "CapBnd": 0, "CapAmb": 0}, result.output
+    assert int(fields["NoNewPrivs"]) == 1 and "pid 1" in result.output and result.user == "nobody", result.output
+
+
+def test_where_no_namespace_can_be_made_checks_run_without_one_and_say_so(
+        repo: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("checks get a PID namespace of their own only as root")
+    monkeypatch.setattr(shutil, "which", lambda name, *args, **kwargs: None)  # no unshare, as on a bare machine
+    checks._pid_namespace_tools.cache_clear()
+    try:
+        result = run(repo, "id -un; echo pid $$")
+    finally:
+        checks._pid_namespace_tools.cache_clear()
+    assert result.passed and result.user == "nobody" and "pid 1\n" not in result.output + "\n", result
+    assert "may leave processes behind" in caplog.text
 
 
 def test_a_check_that_prints_too_much_is_stopped_and_fails(repo: Path) -> None:

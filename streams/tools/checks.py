@@ -18,6 +18,12 @@ runs is the agents' code (their tests, their build), so it gets nothing an agent
   check would run as the process's own user, who can read the runner's key (its file, its
   environment) and so sign its own pass: ``check_account`` refuses that unless ``check_user`` names
   this very user, which says that one user trusts its agents (the demo, the benchmarks, the tests).
+- **Its own PID namespace.** As root, the check is the first process of a PID namespace of its own
+  (``unshare --pid``, then ``setpriv`` to the check user with no capability left): when it ends, or is
+  killed at a limit, the kernel kills every process it started, even one that left its session
+  (``setsid``, a double fork), so nothing of one agent's check is left running, as the check user, to
+  tamper with the next. Where no namespace can be made (an unprivileged container), checks run
+  without one, and a warning says that they may leave processes behind.
 - **Limits.** The command's whole session (everything it started) is killed at its time limit, when
   its output passes the output limit, and when it ends; the scratch folder is removed after.
 
@@ -29,13 +35,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import logging
 import os
 import pwd
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +52,8 @@ from typing import Any
 
 from arbiter.edge.settings import Repository
 from arbiter.streams.tools.git import git
+
+log = logging.getLogger("arbiter.checks")
 
 TAIL_BYTES = 4000
 """How much of a check's output a result keeps to show (its tail)."""
@@ -162,6 +173,65 @@ def _environment(repository: Repository, scratch: Path) -> dict[str, str]:
     return env
 
 
+def _setpriv(setpriv: str, account: _Account) -> list[str]:
+    """``setpriv`` to ``account``, keeping nothing of root's: no groups, no capability (none inheritable, none
+    a set-user-ID or file-capability program could get back: empty bounding set, no new privileges)."""
+    return [setpriv, f"--reuid={account.uid}", f"--regid={account.gid}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", "--no-new-privs", "--"]
+
+
+_namespace_probe = threading.Lock()
+
+
+@functools.cache
+def _pid_namespace_tools() -> tuple[str, str] | None:
+    """(unshare, setpriv) when a check can run in a PID namespace of its own here, else None (warned once).
+    Their paths are resolved here, from this process's PATH: root must never look them up in a check's PATH,
+    which may name a folder of the agents' tree. Blocking, run once (root only)."""
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    why = "unshare or setpriv (util-linux) is not installed"
+    if unshare and setpriv:
+        nobody = _Account("nobody", 65534, 65534, True)
+        try:
+            probe = subprocess.run([unshare, "--pid", "--fork", "--kill-child", *_setpriv(setpriv, nobody),
+                                    "/bin/sh", "-c", "exit 0"], capture_output=True, text=True, timeout=10)
+            if probe.returncode == 0:
+                return unshare, setpriv
+            why = (probe.stderr or probe.stdout).strip()[:300] or f"exit status {probe.returncode}"
+        except (OSError, subprocess.SubprocessError) as error:
+            why = str(error)
+    log.warning("checks cannot run in a PID namespace of their own here (%s): a check that detaches (setsid, a "
+                "double fork) may leave processes behind, running as the check user after its verdict, where they "
+                "can tamper with later checks. Run the runner where it may make namespaces (as root on the host, "
+                "or in a container allowed to unshare)", why)
+    return None
+
+
+def pid_namespaces() -> bool:
+    """Whether checks run in PID namespaces of their own here: as root, where the kernel lets this process
+    make them. Blocking the first time (it tries)."""
+    if os.geteuid() != 0:
+        return False
+    with _namespace_probe:
+        return _pid_namespace_tools() is not None
+
+
+def _command(argv: list[str], account: _Account) -> tuple[list[str], dict[str, Any]]:
+    """What starts the check, and how: as root, in a PID namespace of its own as the check user (see the
+    module's text), or, where none can be made, as the check user without one; else as this process's user."""
+    if not account.drop:
+        return argv, {}
+    with _namespace_probe:
+        tools = _pid_namespace_tools()
+    if tools is None:
+        return argv, {"user": account.uid, "group": account.gid, "extra_groups": []}
+    # Started as root: unshare's child, the namespace's first process, becomes the check user and then the
+    # check itself, so the kernel kills the whole namespace when the check ends. (--kill-child's signal does
+    # not outlive that change of user: _stop kills the check itself.)
+    unshare, setpriv = tools
+    return [unshare, "--pid", "--fork", "--kill-child", *_setpriv(setpriv, account), *argv], {}
+
+
 class _Output:
     """A check's output as it comes: its digest, its size and its tail; over the limit, the check is killed."""
 
@@ -172,26 +242,26 @@ class _Output:
         self.tail = b""
         self.over = False
 
-    async def read(self, stream: asyncio.StreamReader, pid: int) -> None:
+    async def read(self, stream: asyncio.StreamReader, proc: asyncio.subprocess.Process) -> None:
         while chunk := await stream.read(65536):
             self.digest.update(chunk)
             self.total += len(chunk)
             self.tail = (self.tail + chunk)[-TAIL_BYTES:]
             if self.total > self.limit and not self.over:
                 self.over = True
-                _kill(pid)
+                _stop(proc)
 
 
 async def _run(argv: list[str], cwd: Path, env: dict[str, str], account: _Account, repository: Repository
                ) -> tuple[int | None, _Output, str]:
     """(exit code or None when stopped, the output, the limit it was stopped at: '', 'time' or 'output')."""
-    extra: dict[str, Any] = {"user": account.uid, "group": account.gid, "extra_groups": []} if account.drop else {}
+    command, extra = await asyncio.to_thread(_command, argv, account)
     proc = await asyncio.create_subprocess_exec(
-        *argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        *command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True, **extra)
     assert proc.stdout is not None
     output = _Output(repository.check_output_bytes)
-    reader = asyncio.create_task(output.read(proc.stdout, proc.pid))
+    reader = asyncio.create_task(output.read(proc.stdout, proc))
     stopped = ""
     try:
         async with asyncio.timeout(repository.check_timeout_seconds):
@@ -199,9 +269,10 @@ async def _run(argv: list[str], cwd: Path, env: dict[str, str], account: _Accoun
     except TimeoutError:
         stopped = "time"
     finally:
-        _kill(proc.pid)  # the whole session: whatever the check left running goes too
+        _stop(proc)  # its namespace and its session: whatever the check left running goes too
         await proc.wait()
-        # Every writer of the pipe is dead now, unless one left the session: do not wait on it for ever.
+        # Every writer of the pipe is dead now, unless one left the session with no namespace to end it: do
+        # not wait on it for ever.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(5):
                 await asyncio.shield(reader)
@@ -232,7 +303,33 @@ async def run_check(repo: Path, commit: str, repository: Repository, *, check_us
                        stopped)
 
 
+def _stop(proc: asyncio.subprocess.Process) -> None:
+    """Kill a check: the first process of its PID namespace (the kernel then kills every other one in it,
+    wherever it went), then its session (all there is to kill without a namespace). Killing ``unshare`` alone
+    would not do: the parent-death signal it gives its child is dropped when that child changes user."""
+    if proc.returncode is None:  # not reaped yet: its pid is still its own, and its children are the check's
+        for child in _children(proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child, signal.SIGKILL)
+    _kill(proc.pid)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc; a check's process may name itself anything)."""
+    try:
+        pids = [entry.name for entry in os.scandir("/proc") if entry.name.isdigit()]
+    except OSError:  # no /proc (not Linux): its session is all there is to kill
+        return []
+    found = []
+    for each in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path("/proc", each, "stat").read_bytes()
+            if int(stat.rsplit(b")", 1)[1].split()[1]) == pid:  # after the name: "state ppid ..."
+                found.append(int(each))
+    return found
+
+
 def _kill(pid: int) -> None:
-    """Kill a check's session: the command and everything it started."""
+    """Kill a check's session: the command and everything it started there."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)

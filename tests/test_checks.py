@@ -180,11 +180,52 @@ def test_a_check_that_prints_too_much_is_stopped_and_fails(repo: Path) -> None:
     assert 100_000 < result.output_bytes < 1_000_000 and len(result.output) < 5_000
 
 
+def test_a_tree_over_check_tree_bytes_is_not_written_and_its_check_fails(
+        repo: Path, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding: a check's scratch copy was whatever the commit's tree held, so a huge blob that compresses to
+    little in git could fill the runner's disk. A tree over check_tree_bytes fails its check, unwritten."""
+    (repo / "big.bin").write_bytes(bytes(5_000_000))  # 5 MB of zeros: a few kB in git
+    sh(repo, "add", "big.bin")
+    sh(repo, "commit", "-qm", "big")
+    files = [p for p in repo.rglob("*") if p.is_file() and ".git" not in p.relative_to(repo).parts]
+    size = sum(p.stat().st_size for p in files) + checks.ENTRY_BYTES * (len(files) + 1)  # and tests/
+    assert checks.tree_bytes(repo, sh(repo, "rev-parse", "main^{tree}")) == size
+    ran, commands = shared / "open" / "ran", []
+    real = checks.git
+    monkeypatch.setattr(checks, "git", lambda at, *args, **kw: commands.append(args) or real(at, *args, **kw))
+    result = run(repo, f"touch {ran}", check_tree_bytes=1_000_000)
+    assert not result.passed and result.exit_code is None and result.tree == sh(repo, "rev-parse", "main^{tree}")
+    assert f"takes {size} bytes" in result.output and "over check_tree_bytes = 1000000" in result.output, result
+    assert not ran.exists() and not any("read-tree" in args for args in commands), "nothing was written"
+    assert run(repo, f"touch {ran}", check_tree_bytes=size).passed and ran.exists(), "at the limit, it runs"
+    assert check(repo, "true", check_tree_bytes=size).check_digest() != check(repo, "true").check_digest()
+
+
+def test_a_tree_that_holds_one_folder_many_times_is_measured_without_being_listed_out(repo: Path) -> None:
+    """Ten folders that each hold the same ten folders, nine deep, over ten 4-byte files: 10^10 files, from
+    a dozen objects. Its size is computed from the distinct objects (no `ls-tree -r` of 10^10 lines)."""
+    def git_in(*args: str, stdin: str = "") -> str:
+        return subprocess.run(["git", "-C", str(repo), *args], input=stdin, check=True, capture_output=True,
+                              text=True).stdout.strip()
+
+    blob = git_in("hash-object", "-w", "--stdin", stdin="lol\n")
+    level = git_in("mktree", stdin="".join(f"100644 blob {blob}\tf{i}\n" for i in range(10)))
+    for _ in range(9):
+        level = git_in("mktree", stdin="".join(f"040000 tree {level}\td{i}\n" for i in range(10)))
+    sh(repo, "update-ref", "refs/heads/bomb", sh(repo, "commit-tree", level, "-p", "main", "-m", "bomb"))
+    folders = sum(10**k for k in range(1, 10))
+    assert checks.tree_bytes(repo, level) == 10**10 * (4 + checks.ENTRY_BYTES) + folders * checks.ENTRY_BYTES
+    result = asyncio.run(run_check(repo, "bomb", check(repo, "true", check_tree_bytes=1 << 30),
+                                   check_user=trusted_check_user()))
+    assert not result.passed and "over check_tree_bytes" in result.output and result.seconds < 10, result
+
+
 def test_the_repository_configuration_is_the_operators_file(tmp_path: Path) -> None:
     (tmp_path / "repos.toml").write_text('[repos.app]\npath = "~/src/app"\ncheck = ["make", "test"]\n'
-                                         'check_timeout_seconds = 90\n')
+                                         'check_timeout_seconds = 90\ncheck_tree_bytes = 5_000_000\n')
     repos = Settings(home=tmp_path, repos="docs=/src/docs").repositories()
     assert repos["app"].check == ("make", "test") and repos["app"].check_timeout_seconds == 90
+    assert repos["app"].check_tree_bytes == 5_000_000 and repos["docs"].check_tree_bytes == 1 << 30
     assert repos["app"].path == Path("~/src/app").expanduser() and repos["docs"].check is None
     assert Repository(name="a", path=Path("."), check="pytest -q").check == ("/bin/sh", "-c", "pytest -q")
     assert repos["app"].check_digest() != Repository(name="app", path=Path("."), check=["make"]).check_digest()

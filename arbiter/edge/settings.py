@@ -45,6 +45,10 @@ class Topics(BaseModel):
         return list(self.model_dump().values())
 
 
+DEFAULT_CHECK_TREE_BYTES = 1 << 30
+"""``Repository.check_tree_bytes`` unless the operator sets it: 1 GiB."""
+
+
 class Repository(BaseModel):
     """One repository a deployment serves, as the operator configured it (``ARBITER_REPOS`` or
     ``repos.toml``): where it is, and its check. Nothing in it comes from an agent."""
@@ -59,6 +63,9 @@ class Repository(BaseModel):
     check_timeout_seconds: float = Field(default=600.0, gt=0, le=86_400)
     check_output_bytes: int = Field(default=1_000_000, ge=1, le=1_000_000_000)
     """A check that prints more is stopped, and fails."""
+    check_tree_bytes: int = Field(default=DEFAULT_CHECK_TREE_BYTES, ge=1, le=1 << 50)
+    """The most a tree to check may take written out: its files' sizes, and 256 bytes for each file and
+    folder (``arbiter.streams.tools.checks.tree_bytes``). A bigger one is not written: its check fails."""
     check_env: dict[str, str] = Field(default_factory=dict)
     """Variables the check gets besides its own ``PATH``, ``HOME``, ``TMPDIR``, locale and ``CI``."""
     check_path: str = "/usr/local/bin:/usr/bin:/bin"
@@ -91,8 +98,12 @@ class Repository(BaseModel):
         import hashlib
         import json
 
-        spec = [list(self.check or ()), self.check_timeout_seconds, self.check_output_bytes,
-                sorted(self.check_env.items()), self.check_path]
+        spec: list[Any] = [list(self.check or ()), self.check_timeout_seconds, self.check_output_bytes,
+                           sorted(self.check_env.items()), self.check_path]
+        # The default is left out: a configuration made before check_tree_bytes existed keeps its digest, so
+        # the merges queued under it are still checked after an upgrade.
+        if self.check_tree_bytes != DEFAULT_CHECK_TREE_BYTES:
+            spec.append(self.check_tree_bytes)
         return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:32]
 
 
@@ -205,7 +216,7 @@ class Settings(BaseSettings):
     """The operator's repository configuration (TOML): default ``<home>/repos.toml`` when it exists.
     ``[repos.<name>]`` tables with ``path``, and the check: ``check`` (a command line, run with
     ``/bin/sh -c``, or an argument list), ``check_timeout_seconds``, ``check_output_bytes``,
-    ``check_env``, ``check_path`` (``Repository``)."""
+    ``check_tree_bytes``, ``check_env``, ``check_path`` (``Repository``)."""
 
     check_user: str = ""
     """The user a check runs as. Empty: ``nobody`` when the runner runs as root (an agent's code never runs

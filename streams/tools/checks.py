@@ -24,8 +24,11 @@ runs is the agents' code (their tests, their build), so it gets nothing an agent
   (``setsid``, a double fork), so nothing of one agent's check is left running, as the check user, to
   tamper with the next. Where no namespace can be made (an unprivileged container), checks run
   without one, and a warning says that they may leave processes behind.
-- **Limits.** The command's whole session (everything it started) is killed at its time limit, when
-  its output passes the output limit, and when it ends; the scratch folder is removed after.
+- **Limits.** A tree that would take more than ``check_tree_bytes`` is not written out: the check
+  fails without running (a small commit can hold a huge tree: one big blob that compresses well, or
+  one folder held ten times by a folder held ten times...). The command's whole session (everything it
+  started) is killed at its time limit, when its output passes the output limit, and when it ends;
+  the scratch folder is removed after.
 
 The result names the tree that was checked, the check's digest (the configuration it ran), the exit
 status and a digest of the whole output, with its tail to show.
@@ -57,6 +60,9 @@ log = logging.getLogger("arbiter.checks")
 
 TAIL_BYTES = 4000
 """How much of a check's output a result keeps to show (its tail)."""
+ENTRY_BYTES = 256
+"""What each file and folder of a tree counts for against ``check_tree_bytes`` besides its content (its
+inode, its index entry): millions of empty files fill a disk too."""
 
 
 @dataclass(frozen=True)
@@ -149,9 +155,63 @@ def _own_user() -> str:
                              "(ARBITER_CHECK_USER)") from None
 
 
-def _materialize(repo: Path, commit: str, scratch: Path, account: _Account) -> str:
-    """Write ``commit``'s tree into ``scratch/work`` (no link to the repository); its tree id. Blocking."""
+def tree_bytes(repo: Path, tree: str) -> int:
+    """What writing ``tree`` out takes: its files' sizes, and ``ENTRY_BYTES`` for each file and folder, a
+    folder counted as often as the tree holds it. Computed over the distinct objects, in four git commands
+    whatever the tree holds: listing it out (``ls-tree -r``) would be as big as what is measured. Blocking."""
+    ids = git(repo, "rev-list", "--objects", "--no-object-names", tree).stdout.split()
+    sizes: dict[str, int] = {}
+    trees = []
+    described = git(repo, "cat-file", "--batch-check=%(objectname) %(objecttype) %(objectsize)",
+                    stdin="".join(f"{oid}\n" for oid in ids)).stdout
+    for line in described.splitlines():
+        oid, kind, size = line.split()
+        sizes[oid] = int(size)
+        if kind == "tree":
+            trees.append(oid)
+    entries = _entries(repo, trees)
+    total: dict[str, int] = {}
+    stack = [tree]
+    while stack:  # depth first, without recursion: a tree may nest deeper than Python's stack
+        top = stack[-1]
+        if top in total:  # pushed again, by another folder that holds it, before it was counted
+            stack.pop()
+            continue
+        waiting = [oid for mode, oid in entries.get(top, ()) if mode == "040000" and oid not in total]
+        if waiting:
+            stack.extend(dict.fromkeys(waiting))
+            continue
+        stack.pop()
+        # A submodule (160000) is written as an empty folder; a symbolic link's content is its target.
+        total[top] = sum(ENTRY_BYTES + (total[oid] if mode == "040000" else 0 if mode == "160000" else sizes[oid])
+                         for mode, oid in entries.get(top, ()))
+    return total[tree]
+
+
+def _entries(repo: Path, trees: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """Each tree's own entries, (mode, object id), from one ``diff-tree --stdin`` against the empty tree."""
+    empty = git(repo, "hash-object", "-t", "tree", "--stdin", stdin="").stdout.strip()
+    found: dict[str, list[tuple[str, str]]] = {oid: [] for oid in trees}
+    current: list[tuple[str, str]] = []
+    # Quoted paths keep one entry a line, in ASCII, whatever the name (a tab, a newline, bytes not UTF-8).
+    listing = git(repo, "-c", "core.quotePath=true", "diff-tree", "--stdin", "--raw",
+                  stdin="".join(f"{empty} {oid}\n" for oid in trees)).stdout
+    for line in listing.splitlines():
+        if line.startswith(":"):  # ":000000 <mode> 0000... <id> A<TAB><path>"
+            fields = line.split("\t", 1)[0].split()
+            current.append((fields[1], fields[3]))
+        elif line.strip():  # "<empty tree> <tree>": the tree whose entries follow
+            current = found[line.split()[-1]]
+    return found
+
+
+def _materialize(repo: Path, commit: str, scratch: Path, account: _Account, limit: int) -> tuple[str, int]:
+    """Write ``commit``'s tree into ``scratch/work`` (no link to the repository) when it takes at most
+    ``limit`` bytes (``tree_bytes``); (its tree id, what it takes). Blocking."""
     tree = git(repo, "rev-parse", "--verify", f"{commit}^{{tree}}").stdout.strip()
+    size = tree_bytes(repo, tree)
+    if size > limit:
+        return tree, size
     work = scratch / "work"
     work.mkdir()
     env = {"GIT_INDEX_FILE": str(scratch / "index")}
@@ -163,7 +223,7 @@ def _materialize(repo: Path, commit: str, scratch: Path, account: _Account) -> s
         for root, dirs, files in os.walk(scratch):
             for item in (root, *(os.path.join(root, n) for n in dirs + files)):
                 os.lchown(item, account.uid, account.gid)
-    return tree
+    return tree, size
 
 
 def _environment(repository: Repository, scratch: Path) -> dict[str, str]:
@@ -290,7 +350,13 @@ async def run_check(repo: Path, commit: str, repository: Repository, *, check_us
     started = time.monotonic()
     scratch = Path(tempfile.mkdtemp(prefix="arbiter-check-"))
     try:
-        tree = await asyncio.to_thread(_materialize, repo, commit, scratch, account)
+        tree, size = await asyncio.to_thread(_materialize, repo, commit, scratch, account,
+                                             repository.check_tree_bytes)
+        if size > repository.check_tree_bytes:  # a failed check, as any other: the train goes on without it
+            shown = (f"(check not run: its tree takes {size} bytes, {ENTRY_BYTES} for each file and folder "
+                     f"besides their content, over check_tree_bytes = {repository.check_tree_bytes})")
+            return CheckResult(repository.check_text(), False, None, round(time.monotonic() - started, 3), shown,
+                               tree, repository.check_digest(), user=account.name)
         code, output, stopped = await _run(list(repository.check), scratch / "work",
                                            _environment(repository, scratch), account, repository)
     finally:

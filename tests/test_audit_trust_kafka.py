@@ -319,20 +319,28 @@ async def test_forged_outcomes_never_change_the_verdict_on_honest_records(kafka_
     - Before alice's saga is aborted, mallory writes a ToolApplied for its compensation's intent id, which
       anyone can predict (``<saga>|undo|<step>|<attempt>``), unsigned and signed by her: an intrusion each,
       while the honest compensation replays with the worker's outcome.
+    - First of all, she announces herself as a worker that does not verify signatures (a WorkerStarted,
+      unsigned and signed by her): taken at its word, ahead of the workers' own it turned the audit's
+      signature checks off (and her outcomes then fed the replay), after it it made the workers' rules look
+      disputed; now each is an intrusion, and the rules are the workers'.
     """
     from arbiter.schemas import ToolApplied
+    from arbiter.streams.shells.rules import Rules
 
     from .test_trust_kafka import seeded_ledger
 
     settings = kafka_settings
     seeded_ledger(settings, {"alice": 10_000})
+    mallory = await ensure_identity(settings, "mallory")
+    unverified = Rules.from_settings(settings.model_copy(update={"verify_signatures": False})).to_json()
+    forged = [await _produce(settings, settings.topics.workers, "mallory-worker", WorkerStarted(
+        worker_id="mallory-worker", rules_json=unverified, processing_guarantee="at_least_once",
+        partitions=settings.partitions, started_at_ms=now_ms()), signer) for signer in (None, mallory)]
     shared = "same-intent-id"
     async with ArbiterClient("alice", settings) as alice, ArbiterClient("bob", settings) as bob:
         mine = await alice.commit("doc:alice-notes", 0, {"by": "alice"}, intent_id=shared)
         theirs = await bob.commit("doc:bob-notes", 0, {"by": "bob"}, intent_id=shared)
         assert mine.applied and theirs.applied and mine.result != theirs.result, (mine.result, theirs.result)
-        mallory = await ensure_identity(settings, "mallory")
-        forged: list[str] = []
         with pytest.raises(RuntimeError, match="cancelled"):
             async with alice.saga("refund") as saga:
                 async with saga.lease("account:alice", ttl=60) as lease:
@@ -357,3 +365,4 @@ async def test_forged_outcomes_never_change_the_verdict_on_honest_records(kafka_
     assert report["verdict"] == "pass" and report["violations"] == 0, "\n".join(_problems(report))
     assert report["intrusions"] == len(forged)
     assert {w for f in _authenticated(report) for w in f["where"]} == set(forged)
+    assert report["signatures"].startswith("verified") and report["rules"]["verify_signatures"]

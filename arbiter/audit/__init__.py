@@ -58,6 +58,7 @@ from .replay import (
     Engine,
     Output,
     TrustAnchorsMissing,
+    announcements,
     gc_paused,
     new_engine,
     rederive,
@@ -219,7 +220,7 @@ async def _audit(log: Log, settings: Settings, complete: bool, strict: bool, pro
         "span_ms": [first_ms if resume is not None else span[0], span[1]],
         "checks": {name: {"description": CHECKS[name], **table[name]} for name in CHECKS},
         "stats": stats,
-        "rules": {"source": "announced by the workers in the log" if log.announced_rules()
+        "rules": {"source": "announced by the workers in the log" if announcements(log, settings)
                   else "not in the log: this auditor's settings", **rules.to_dict()},
         "timing": {"replay_s": round(replayed - started, 4), "checks_s": round(checked - replayed, 4)},
         "findings": [f.to_dict() for f in ordered],

@@ -94,11 +94,15 @@ class Log:
             entries.sort(key=_offset_of)
         self._unordered.clear()
 
-    def announced_rules(self) -> list[str]:
-        """Every distinct set of rules the workers announced (``WorkerStarted``), first seen first."""
-        found = dict.fromkeys(self.archived_rules)
+    def announced_rules(self, signed: Callable[[Entry], bool] | None = None) -> list[str]:
+        """Every distinct set of rules the workers announced (``WorkerStarted``), first seen first.
+
+        With ``signed`` (whether a worker signed a message: ``replay.announcements``), only the
+        announcements it accepts, and not an archive header's (which nobody signs): rules decide how
+        every other record is judged, so rules anyone could have written must decide nothing."""
+        found = dict.fromkeys(self.archived_rules if signed is None else ())
         for entry in self.of(self.topics.workers):
-            if isinstance(entry.record, WorkerStarted):
+            if isinstance(entry.record, WorkerStarted) and (signed is None or signed(entry)):
                 found.setdefault(entry.record.rules_json)
         return list(found)
 

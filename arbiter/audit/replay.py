@@ -14,11 +14,13 @@ recorded for it.
   routing the processors' own commands (revocations, compensations) between them
   in time order, and measure what differs.
 
-A log decided with signature verification on (its rules say ``verify_signatures``) is
-replayed through the workers' own trust gate (``arbiter.streams.shells.trust.Gate``): each input is
-admitted or refused by the registry as it stood when the broker appended the input
-(``ReplayTrust``), against the admin public keys this auditor trusts, never keys read
-from the log.
+A log decided with signature verification on (``verifies``) is replayed through the workers'
+own trust gate (``arbiter.streams.shells.trust.Gate``): each input is admitted or refused by the
+registry as it stood when the broker appended the input (``ReplayTrust``), against the admin
+public keys this auditor trusts, never keys read from the log. Nothing that decides how the log
+is judged (whether signatures are checked, the rules, their windows) is taken from a record no
+worker signed: the announcements count only when a worker signed them (``announcements``), and
+the outcomes and contents the replay reads likewise (``worker_signed``).
 """
 
 from __future__ import annotations
@@ -122,7 +124,12 @@ def worker_signed(log: Log, settings: Settings) -> Callable[[Entry], bool]:
     admin keys this auditor trusts (a log decided without signatures: every decision is taken as it is)."""
     if not verifies(log, settings):
         return lambda _entry: True
-    registry = Registry(trust_anchors(settings))
+    return signed_by_worker(log, settings, trust_anchors(settings))
+
+
+def signed_by_worker(log: Log, settings: Settings, anchors: list[bytes]) -> Callable[[Entry], bool]:
+    """Whether a message carries a worker's signature, by the log's whole registry rooted in ``anchors``."""
+    registry = Registry(anchors)
     codec = default_codec(settings.max_message_bytes)
     for entry in log.of(settings.topics.registry):
         if isinstance(entry.record, IdentityRegistered):
@@ -214,13 +221,28 @@ class RecordedTools:
         return self._contents.get((request.agent_id, request.request_id))
 
 
+def announcements(log: Log, settings: Settings) -> list[str]:
+    """The rules the log's workers announced that this audit may go by, first seen first.
+
+    With trust anchors, only the ``WorkerStarted`` records a worker signed: the rules decide how every
+    other record is judged, so an announcement anyone could have written (unsigned, or signed by an
+    agent) decides nothing; ``checks.check_authenticated`` reports it as an intrusion. Without anchors no
+    signature can be checked: every announcement counts, an archive header's too (and ``verifies`` keeps
+    one that says its worker verified from being outvoted)."""
+    anchors = trust_anchors(settings)
+    if not anchors:
+        return log.announced_rules()
+    return log.announced_rules(signed=signed_by_worker(log, settings, anchors))
+
+
 def rules_of(log: Log, settings: Settings) -> tuple[Rules, list[str]]:
-    """The rules the log's workers announced (else ``settings``'), and why that may not be the whole story.
+    """The rules the log's workers announced (``announcements``; else ``settings``'), and why that may
+    not be the whole story.
 
     The second value lists problems: rules that do not parse, or workers that decided
     by different rules (the first announced are used; the audit reports the rest).
     """
-    announced = log.announced_rules()
+    announced = announcements(log, settings)
     problems: list[str] = []
     parsed: list[Rules] = []
     for text in announced:
@@ -248,9 +270,28 @@ NO_ANCHORS = ("this log was decided with signature verification on (its workers'
 
 
 def verifies(log: Log, settings: Settings) -> bool:
-    """Whether the log's workers ran every input through the trust gate (the rules they announced
-    say so; a log with no announced rules was not decided by a worker that said it verified)."""
-    return bool(log.announced_rules()) and rules_of(log, settings)[0].verify_signatures
+    """Whether the audit checks signatures and replays every input through the workers' trust gate.
+
+    No record can turn that off. An auditor with trust anchors checks every log a worker announced
+    itself on, whatever the announcements say: one nobody signed is a forgery like any other (were the
+    first one's word taken, a forged ``verify_signatures: false`` written ahead of the workers' own would
+    let every forged decision feed the replay). Without anchors, it is on when any announcement, first
+    or not, says its worker verified (the audit then asks for the anchors: ``TrustAnchorsMissing``). A
+    log no worker announced itself on (made by ``simulate``, or by hand) was decided by no worker that
+    verified."""
+    announced = log.announced_rules()
+    if not announced:
+        return False
+    return bool(trust_anchors(settings)) or any(_says_it_verified(text) for text in announced)
+
+
+def _says_it_verified(rules_json: str) -> bool:
+    """Whether announced rules say their worker verified signatures (rules that do not parse say
+    nothing: ``rules_of`` reports them)."""
+    try:
+        return Rules.from_json(rules_json).verify_signatures
+    except ValueError:
+        return False
 
 
 def trust_anchors(settings: Settings) -> list[bytes]:

@@ -50,7 +50,6 @@ from .checks import (
     check_sagas,
     count_denials,
     refused_inputs,
-    refused_positions,
     summarize,
 )
 from .log import Entry, Log, identity
@@ -62,6 +61,7 @@ from .replay import (
     gc_paused,
     new_engine,
     rederive,
+    refused_positions,
     rules_of,
     settled_offsets,
     trust_anchors,

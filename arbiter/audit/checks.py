@@ -61,13 +61,22 @@ from arbiter.schemas import (
     WaitEdgeAdded,
     WaitEdgeRemoved,
 )
-from arbiter.schemas.codec import default_codec
+from arbiter.schemas.codec import Codec, default_codec
 from arbiter.schemas.identity import ROLE_ADMIN, ROLE_WORKER, Refused, Registry, Verified
 from arbiter.schemas.reasons import OUT_OF_WINDOW, Reason
 from arbiter.streams.cores.trust import authorize
 
 from .log import Entry, Log, identity
-from .replay import NO_ANCHORS, Output, from_outside, rules_of, verifies
+from .replay import (
+    NO_ANCHORS,
+    REFUSALS,
+    Output,
+    dead_letters,
+    from_outside,
+    refused_positions,
+    rules_of,
+    verifies,
+)
 
 CHECKS: dict[str, str] = {
     "determinism": "re-derived decisions equal the recorded ones",
@@ -166,8 +175,8 @@ def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, l
             recorded[cause, topic, entry.key or b""].append(entry)
             tp = cause[0], cause[1]
             reached[tp] = max(reached.get(tp, -1), cause[2])
-    lettered = {(e.record.source.topic, e.record.source.partition, e.record.source.offset)
-                for e in log.of(topics.dead_letter) if isinstance(e.record, DeadLetter)}
+    lettered = {(letter.source.topic, letter.source.partition, letter.source.offset)
+                for _entry, letter in dead_letters(log, settings)}
     by_position = {(e.topic, e.partition, e.offset): e for e, _ in decided}
     derived: dict[_Group, list[Record]] = defaultdict(list)
     stats = {"inputs": len(decided), "decisions": 0, "redelivered": 0, "dead_lettered": 0}
@@ -480,7 +489,7 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
         elif isinstance(e, ToolApplied | ToolRejected):
             outcomes[e.resource, e.intent_id].add(identity(e))
             outcome_at.setdefault((e.resource, e.intent_id), entry)
-    last_processed = _last_processed(log, settings)
+    last_processed = _last_processed(log, settings, findings)
     asked: set[tuple[str, str, str]] = set()
     asked_intents: set[tuple[str, str]] = set()
     stats = {"acquires": 0, "intents": 0}
@@ -584,11 +593,14 @@ def _verdict_problem(verdict: CheckVerdict | None, landed: ToolApplied, queued: 
     return None
 
 
-def _last_processed(log: Log, settings: Settings) -> dict[int, int]:
-    """Per command partition, the highest command offset any recorded decision names as its cause."""
+def _last_processed(log: Log, settings: Settings, findings: Findings) -> dict[int, int]:
+    """Per command partition, the highest command offset any worker's decision names as its cause (a
+    forged one, naming any offset it likes, would turn a request still waiting into one left unanswered)."""
     last: dict[int, int] = {}
     commands = settings.topics.resource_commands
     for entry in log.of(settings.topics.resource_events):
+        if entry.where in findings.intrusions:
+            continue
         cause = getattr(entry.record, "cause", None)
         if cause is not None and cause.topic == commands:
             last[cause.partition] = max(last.get(cause.partition, -1), cause.offset)
@@ -722,8 +734,6 @@ def summarize(findings: Findings) -> dict[str, dict[str, int]]:
 
 # -- authenticated ---------------------------------------------------------------------------
 
-_REFUSALS = frozenset({str(Reason.UNAUTHENTICATED), str(Reason.FORBIDDEN), str(Reason.MISROUTED)})
-"""Dead-letter reasons that say: the workers refused this input before deciding anything."""
 _OVERRIDES = (LockRevokeRequested, CompensationRequested)
 
 
@@ -731,24 +741,32 @@ def check_authenticated(log: Log, settings: Settings, anchors: list[bytes],
                         findings: Findings) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """Every message signed by an identity allowed to write it; and the operators' overrides.
 
-    Only for a log whose workers verified signatures (``replay.verifies``). Signatures are
+    Only for a log the audit checks signatures of (``replay.verifies``). Signatures are
     checked against the whole registry (a key's end still counts from its ``ended_at_ms``)
-    rooted in ``anchors``, the admin public keys this auditor trusts. Decisions must be a
-    worker's; a command that is unsigned, forged or forbidden to its signer is fine only if the
-    workers refused it (a dead letter with reason unauthenticated or forbidden). A decision
-    that fails is added to ``findings.forged``, so the invariant checks do not fold it in.
-    Returns the figures and the human actions: admin-signed overrides, who, what, why, where.
+    rooted in ``anchors``, the admin public keys this auditor trusts. Decisions (a worker's
+    announcement too) must be a worker's; a command that is unsigned, forged or forbidden to its
+    signer is fine only if the workers refused it (a dead letter with reason unauthenticated or
+    forbidden). A decision that fails is added to ``findings.intrusions``, so no other check folds it
+    in. Returns the figures and the human actions: admin-signed overrides, who, what, why, where.
     """
     if not verifies(log, settings):
         return {}, []
     if not anchors:
         findings.add("authenticated", NO_ANCHORS, [])
         return {}, []
-    t = settings.topics
     codec = default_codec(settings.max_message_bytes)
     stats = {"signatures_verified": 0, "registry_records": 0, "refused_commands": 0}
-    registry = Registry(anchors)
-    for entry in log.of(t.registry):
+    registry = _checked_registry(log, settings, Registry(anchors), codec, findings, stats)
+    trail = _checked_decisions(log, settings, registry, codec, findings, stats)
+    actions = _checked_commands(log, settings, registry, codec, trail, findings, stats)
+    stats["human_actions"] = len(actions)
+    return stats, actions
+
+
+def _checked_registry(log: Log, settings: Settings, registry: Registry, codec: Codec, findings: Findings,
+                      stats: dict[str, int]) -> Registry:
+    """``registry`` with every registry record an admin signed applied; the others are intrusions."""
+    for entry in log.of(settings.topics.registry):
         stats["registry_records"] += 1
         value = entry.value_bytes(codec)
         record = entry.record
@@ -768,99 +786,141 @@ def check_authenticated(log: Log, settings: Settings, anchors: list[bytes],
         stats["signatures_verified"] += 1
     # Two processes registering one key at once (``Registry.apply``): a repeat, not an intrusion.
     stats["registry_repeats"] = registry.repeats
+    return registry
 
-    refused: dict[tuple[str, int, int], set[str]] = defaultdict(set)
-    reached: dict[tuple[str, int], int] = {}
-    caused: dict[tuple[str, int, int], list[str]] = defaultdict(list)
-    for entry in log.of(t.dead_letter):
-        if isinstance(letter := entry.record, DeadLetter):
-            source = letter.source.topic, letter.source.partition, letter.source.offset
-            refused[source].add(letter.reason)
-            reached[source[:2]] = max(reached.get(source[:2], -1), source[2])
-    for topic in (t.resource_events, t.saga_events, t.wait_edges):
-        for entry in log.of(topic):
-            cause = _cause_of(entry.record) if entry.record is not None else None
-            if cause is not None:
-                reached[cause[:2]] = max(reached.get(cause[:2], -1), cause[2])
-                caused[cause].append(type(entry.record).__name__)
 
+@dataclass
+class _Trail:
+    """What the workers' own decisions say about the inputs: only decisions a worker signed, so that
+    a forged dead letter or decision can neither pass for a refusal nor move where the workers got to."""
+
+    refused: dict[tuple[str, int, int], set[str]] = field(default_factory=lambda: defaultdict(set))
+    """Input position -> the reasons of the dead letters the workers wrote for it."""
+    reached: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Input partition -> the last offset any of the workers' decisions names."""
+    caused: dict[tuple[str, int, int], list[str]] = field(default_factory=lambda: defaultdict(list))
+    """Input position -> the kinds of the decisions made from it."""
+
+    def letter(self, record: Record | None) -> None:
+        """Take in one dead letter a worker signed."""
+        if isinstance(record, DeadLetter):
+            source = record.source.topic, record.source.partition, record.source.offset
+            self.refused[source].add(record.reason)
+            self.reached[source[:2]] = max(self.reached.get(source[:2], -1), source[2])
+
+    def follow(self, record: Record | None) -> None:
+        """Take in one decision a worker signed (an event, or the detector's or lock processor's command)."""
+        if record is not None and (cause := _cause_of(record)) is not None:
+            self.reached[cause[:2]] = max(self.reached.get(cause[:2], -1), cause[2])
+            self.caused[cause].append(type(record).__name__)
+
+
+def _not_a_workers(registry: Registry, entry: Entry, value: bytes) -> str | None:
+    """Why ``entry`` (its value bytes ``value``) is not a worker's message; None: a worker signed it."""
+    signer = registry.verify(entry.topic, entry.key, value, entry.headers, entry.timestamp_ms)
+    if isinstance(signer, Refused):
+        return signer.detail
+    if signer.role != ROLE_WORKER:
+        return f"it is signed by {signer.name!r} (role {signer.role}), and only workers write decisions"
+    return None
+
+
+def _checked_decisions(log: Log, settings: Settings, registry: Registry, codec: Codec, findings: Findings,
+                       stats: dict[str, int]) -> _Trail:
+    """Every decision a worker's (one that is not, an announcement too, is an intrusion, left out of every
+    other check), and what the workers' decisions say about the inputs."""
+    t = settings.topics
     decisions = {t.resource_events, t.agent_inbox, t.saga_events, t.dead_letter, t.workers, t.operator}
-    commands = {t.resource_commands, t.saga_commands, t.wait_edges}
-    actions: list[dict[str, Any]] = []
+    trail = _Trail()
     for (topic, _partition), entries in sorted(log.partitions.items()):
-        if topic not in decisions and topic not in commands:
+        if topic not in decisions:
             continue
         for entry in entries:
-            record = entry.record
-            kind = type(record).__name__ if record is not None else "a message that does not decode"
+            kind = type(entry.record).__name__ if entry.record is not None else "a message that does not decode"
             try:
                 value = entry.value_bytes(codec)
             except ContractError as exc:
                 findings.add("authenticated", f"{kind} cannot be encoded again to check its signature: {exc}",
                              [entry], at_ms=entry.timestamp_ms)
                 continue
-            signer = registry.verify(entry.topic, entry.key, value, entry.headers, entry.timestamp_ms)
-            problem: str | None
-            if topic in decisions:
-                problem = signer.detail if isinstance(signer, Refused) else (
-                    None if signer.role == ROLE_WORKER else
-                    f"it is signed by {signer.name!r} (role {signer.role}), and only workers write decisions")
-                if problem is None:
-                    stats["signatures_verified"] += 1
-                    continue
-                findings.intrusions.add(entry.where)
-                findings.add("authenticated", f"{kind} on {topic} is not a worker's decision: {problem}", [entry],
-                             intrusion=True, resource=_resource_of(record), at_ms=entry.timestamp_ms)
-                continue
-            if record is None:
-                continue  # the workers dead-letter bytes that do not decode before they look at a signature
-            if isinstance(signer, Refused):
-                problem = signer.detail
-            else:
-                why = authorize(signer.identity, record)
-                problem = why[1] if why is not None else None
+            problem = _not_a_workers(registry, entry, value)
             if problem is None:
                 stats["signatures_verified"] += 1
-                if str(Reason.MISROUTED) in refused.get((entry.topic, entry.partition, entry.offset), set()):
+                if topic == t.dead_letter:
+                    trail.letter(entry.record)
+                elif topic in (t.resource_events, t.saga_events):
+                    trail.follow(entry.record)
+                continue
+            findings.intrusions.add(entry.where)
+            findings.add("authenticated", f"{kind} on {topic} is not a worker's decision: {problem}", [entry],
+                         intrusion=True, resource=_resource_of(entry.record), at_ms=entry.timestamp_ms)
+    # The detector's detections and the lock processor's wait edges: decisions on a command topic.
+    for entry in log.of(t.wait_edges):
+        if entry.record is None or _cause_of(entry.record) is None:
+            continue
+        try:
+            value = entry.value_bytes(codec)
+        except ContractError:
+            continue  # (reported with the commands)
+        if _not_a_workers(registry, entry, value) is None:
+            trail.follow(entry.record)
+    return trail
+
+
+def _checked_commands(log: Log, settings: Settings, registry: Registry, codec: Codec, trail: _Trail,
+                      findings: Findings, stats: dict[str, int]) -> list[dict[str, Any]]:
+    """Every command signed by an identity allowed to send it, or refused by the workers; the
+    operators' overrides."""
+    t = settings.topics
+    actions: list[dict[str, Any]] = []
+    for (topic, _partition), entries in sorted(log.partitions.items()):
+        if topic not in (t.resource_commands, t.saga_commands, t.wait_edges):
+            continue
+        for entry in entries:
+            record = entry.record
+            if record is None:
+                continue  # the workers dead-letter bytes that do not decode before they look at a signature
+            position = entry.topic, entry.partition, entry.offset
+            try:
+                value = entry.value_bytes(codec)
+            except ContractError as exc:
+                findings.add("authenticated", f"{type(record).__name__} cannot be encoded again to check its "
+                             f"signature: {exc}", [entry], at_ms=entry.timestamp_ms)
+                continue
+            signer = registry.verify(entry.topic, entry.key, value, entry.headers, entry.timestamp_ms)
+            why = None if isinstance(signer, Refused) else authorize(signer.identity, record)
+            problem = signer.detail if isinstance(signer, Refused) else why[1] if why is not None else None
+            if problem is None:
+                stats["signatures_verified"] += 1
+                if str(Reason.MISROUTED) in trail.refused.get(position, set()):
                     # Signed by someone allowed to send it, on a partition its key does not hash to: the
                     # workers refused it there (a copy, or a client with another partitioner).
                     stats["misrouted_commands"] = stats.get("misrouted_commands", 0) + 1
                     findings.intrusions.add(entry.where)
-                    continue
-                if isinstance(signer, Verified) and signer.role == ROLE_ADMIN and isinstance(record, _OVERRIDES):
-                    actions.append(_human_action(entry, record, signer.name,
-                                                 caused.get((entry.topic, entry.partition, entry.offset), [])))
+                elif isinstance(signer, Verified) and signer.role == ROLE_ADMIN and isinstance(record, _OVERRIDES):
+                    actions.append(_human_action(entry, record, signer.name, trail.caused.get(position, [])))
                 continue
-            position = entry.topic, entry.partition, entry.offset
-            if refused.get(position, set()) & _REFUSALS:
+            if trail.refused.get(position, set()) & REFUSALS:
                 stats["refused_commands"] += 1
                 # Never decided: a refused look-alike of a decision (a DeadlockDetected on the wait-edge
                 # topic, say) is not one for the other checks either.
                 findings.intrusions.add(entry.where)
                 continue
-            pending = entry.offset > reached.get((entry.topic, entry.partition), -1)
-            findings.add("authenticated", f"{kind} should have been refused ({problem}), and no worker refused it "
-                         "(no dead letter with reason unauthenticated or forbidden)"
+            pending = entry.offset > trail.reached.get((entry.topic, entry.partition), -1)
+            findings.add("authenticated", f"{type(record).__name__} should have been refused ({problem}), and no "
+                         "worker refused it (no dead letter with reason unauthenticated or forbidden)"
                          + (": not yet processed when the log was read" if pending else ""), [entry],
                          open_=pending, resource=_resource_of(record), at_ms=entry.timestamp_ms)
-    stats["human_actions"] = len(actions)
-    return stats, actions
-
-
-def refused_positions(log: Log, settings: Settings) -> set[tuple[str, int, int]]:
-    """Inputs the workers refused before deciding (dead-lettered unauthenticated, forbidden or misrouted)."""
-    return {(e.record.source.topic, e.record.source.partition, e.record.source.offset)
-            for e in log.of(settings.topics.dead_letter)
-            if isinstance(e.record, DeadLetter) and e.record.reason in _REFUSALS}
+    return actions
 
 
 def refused_inputs(log: Log, settings: Settings) -> list[dict[str, Any]]:
     """Every input the workers refused before deciding it, where and why (oldest first): the traces of
-    forged, unauthorized and misrouted commands, which changed nothing."""
+    forged, unauthorized and misrouted commands, which changed nothing. Only the dead letters a worker
+    wrote: a forged one is an intrusion, not a refusal."""
     out = []
-    for entry in log.of(settings.topics.dead_letter):
-        letter = entry.record
-        if isinstance(letter, DeadLetter) and letter.reason in _REFUSALS:
+    for entry, letter in dead_letters(log, settings):
+        if letter.reason in REFUSALS:
             source = letter.source
             out.append({"where": f"{source.topic}[{source.partition}]@{source.offset}", "reason": letter.reason,
                         "detail": letter.detail[:300], "at_ms": entry.timestamp_ms})

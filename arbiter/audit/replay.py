@@ -20,7 +20,8 @@ registry as it stood when the broker appended the input (``ReplayTrust``), again
 public keys this auditor trusts, never keys read from the log. Nothing that decides how the log
 is judged (whether signatures are checked, the rules, their windows) is taken from a record no
 worker signed: the announcements count only when a worker signed them (``announcements``), and
-the outcomes and contents the replay reads likewise (``worker_signed``).
+the outcomes, contents and dead letters the replay and the checks read likewise
+(``worker_signed``).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ from arbiter.schemas import (
 from arbiter.schemas.codec import Codec, default_codec
 from arbiter.schemas.identity import IdentityError, Refused, Registry, Verified
 from arbiter.schemas.partitioning import partition_for
+from arbiter.schemas.reasons import Reason
 from arbiter.schemas.roles import ROLE_WORKER
 from arbiter.streams.cores.gateway import RESERVED_KEYS, ContentState, ToolOutcome
 from arbiter.streams.cores.leases import LeaseBook
@@ -294,6 +296,24 @@ def _says_it_verified(rules_json: str) -> bool:
         return False
 
 
+REFUSALS = frozenset({str(Reason.UNAUTHENTICATED), str(Reason.FORBIDDEN), str(Reason.MISROUTED)})
+"""Dead-letter reasons that say: the workers refused this input before deciding anything."""
+
+
+def dead_letters(log: Log, settings: Settings) -> list[tuple[Entry, DeadLetter]]:
+    """The dead letters a worker wrote (``worker_signed``), in log order: a forged one (an intrusion)
+    neither refuses nor letters the input it names, so it cannot hide an honest command from the checks."""
+    signed = worker_signed(log, settings)
+    return [(e, e.record) for e in log.of(settings.topics.dead_letter) if isinstance(e.record, DeadLetter)
+            and signed(e)]
+
+
+def refused_positions(log: Log, settings: Settings) -> set[tuple[str, int, int]]:
+    """Inputs the workers refused before deciding (dead-lettered unauthenticated, forbidden or misrouted)."""
+    return {(letter.source.topic, letter.source.partition, letter.source.offset)
+            for _entry, letter in dead_letters(log, settings) if letter.reason in REFUSALS}
+
+
 def trust_anchors(settings: Settings) -> list[bytes]:
     """The admin public keys this auditor trusts (``ARBITER_ADMIN_PUBLIC_KEYS``, else
     ``<home>/keys/admin.pub``); ``TrustAnchorsMissing`` when they cannot be read."""
@@ -489,8 +509,8 @@ def settled_offsets(log: Log, settings: Settings) -> dict[tuple[str, int], int]:
     signed = worker_signed(log, settings)  # a forged outcome settles nothing
     answered = {(e.record.resource, e.record.intent_id) for e in log.of(t.resource_events)
                 if isinstance(e.record, ToolApplied | ToolRejected) and signed(e)}
-    lettered = {(e.record.source.topic, e.record.source.partition, e.record.source.offset)
-                for e in log.of(t.dead_letter) if isinstance(e.record, DeadLetter)}
+    lettered = {(letter.source.topic, letter.source.partition, letter.source.offset)
+                for _entry, letter in dead_letters(log, settings)}
     settled: dict[tuple[str, int], int] = {}
     for (topic, partition), entries in log.partitions.items():
         if topic not in input_topics(t) or not entries:

@@ -2,8 +2,9 @@
 others are judged.
 
 Whether signatures are checked and the rules the replay decides by come from the workers'
-announcements (``WorkerStarted``). One forged (unsigned, or signed by an agent) and written where it
-would count is an intrusion and changes nothing else.
+announcements (``WorkerStarted``); which inputs were refused, from their dead letters; how far the
+workers got, from the causes their decisions name. Each of these, forged (unsigned, or signed by an
+agent) and written where it would count, is an intrusion and changes nothing else.
 
 The logs are made, not recorded: an agent's signed commands are decided by the processors' own code
 (``arbiter.audit.replay.simulate``), and every decision is then signed with a worker key the admin
@@ -23,7 +24,10 @@ from arbiter.audit.log import Entry, Log
 from arbiter.audit.replay import simulate
 from arbiter.edge.settings import Settings
 from arbiter.schemas import (
+    Cause,
+    DeadLetter,
     IdentityRegistered,
+    LockDenied,
     LockReleaseRequested,
     LockRequested,
     Record,
@@ -149,12 +153,38 @@ async def test_a_forged_announcement_turns_no_check_off_and_forged_outcomes_feed
     lie = applied.record.model_copy(update={"result_json": json.dumps({"refunded": 1_000_000}), "version": 7})
     forged += [_insert(log, _signed(replace(applied, record=lie, value=None), signer), applied)
                for signer in (None, MALLORY)]
+    request = next(e for e in log.of(SETTINGS.topics.resource_commands) if isinstance(e.record, LockRequested))
+    letter = DeadLetter(reason="unauthenticated", detail="forged", processor="resources", source=request.cause,
+                        value=request.value_bytes(CODEC), at_ms=T0 + 1)
+    forged.append(_insert(log, Entry(SETTINGS.topics.dead_letter, 0, -1, T0 + 1, None, letter)))
 
     report = await audit(log, SETTINGS)
     assert report["verdict"] == "pass" and report["violations"] == 0, _summary(report)
     assert report["signatures"].startswith("verified"), report["signatures"]
     assert _where(report, "intrusion") == {e.where for e in forged}, _summary(report)
     assert report["intrusions"] == len(forged)
+    assert report["refused_inputs"] == [], "a forged dead letter refuses nothing"
     assert report["rules"]["verify_signatures"] and report["rules"]["leases"] == clean["rules"]["leases"]
     assert {k: report["stats"][k] for k in ("grants", "writes", "acquires", "intents")} == \
         {k: clean["stats"][k] for k in ("grants", "writes", "acquires", "intents")}
+
+
+async def test_a_forged_decision_does_not_move_how_far_the_workers_got() -> None:
+    """A request the workers have not reached when the log is read is open, not unanswered: a forged
+    decision naming a later input as its cause does not make it look processed (and so a violation)."""
+    log = await _honest([_acquire("acquire-1", T0), _release("release-1", 1, T0 + 10), _acquire("acquire-2", T0 + 20)])
+    last = max((e for e in log.of(SETTINGS.topics.resource_commands)), key=lambda e: e.timestamp_ms)
+    for tp, entries in list(log.partitions.items()):  # the worker has not decided the last request yet
+        log.partitions[tp] = [e for e in entries if getattr(e.record, "cause", None) != last.cause]
+    behind = await audit(log, SETTINGS, complete=False)
+    assert behind["verdict"] == "pass" and behind["violations"] == 0, _summary(behind)
+    assert last.where in _where(behind, "open"), _summary(behind)
+    denial = LockDenied(request_id="made-up", agent_id="mallory", resource=RESOURCE, reason="lease_not_live",
+                        detail="{}", decided_at_ms=T0 + 30, request_sent_at_ms=T0 + 30,
+                        cause=Cause(topic=last.topic, partition=last.partition, offset=last.offset + 50))
+    forged = [_insert(log, _signed(Entry(SETTINGS.topics.resource_events, last.partition, -1, T0 + 30,
+                                         RESOURCE.encode(), denial), signer)) for signer in (None, MALLORY)]
+    report = await audit(log, SETTINGS, complete=False)
+    assert report["verdict"] == "pass" and report["violations"] == 0, _summary(report)
+    assert _where(report, "intrusion") == {e.where for e in forged}
+    assert last.where in _where(report, "open"), _summary(report)

@@ -36,7 +36,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,6 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from arbiter.edge.settings import Settings
 from arbiter.schemas import (
-    DeadLetter,
     DeadlockDetected,
     LockCancelled,
     LockDenied,
@@ -71,7 +70,7 @@ from arbiter.schemas.identity import Signer, key_id_of, signed_payload
 from arbiter.streams.runtime.common import TABLES
 
 from .log import Entry, Log, from_line, identity, to_line
-from .replay import Engine, Output, from_outside
+from .replay import Engine, Output, dead_letters, from_outside, refused_positions, worker_signed
 
 FORMAT = "arbiter-audit-checkpoint/1"
 SIGNED_AS = "arbiter.audit.checkpoint"
@@ -356,11 +355,16 @@ def make(log: Log, settings: Settings, state: dict[str, dict[str, str]], settled
 
 def pending_inputs(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]]]) -> set[str]:
     """Inputs some of whose decisions (or the commands they send) are not in the log yet: a later audit
-    compares those with what the replay decided for them."""
+    compares those with what the replay decided for them. Only what a worker signed counts as written:
+    a forged decision naming an input (or a forged copy of a command it sends) would leave it out of the
+    slice, and its real decisions, once written, would have no input to be compared with."""
     t = settings.topics
+    signed = worker_signed(log, settings)
     caused: dict[str, int] = {}
     for topic in (t.resource_events, t.saga_events, t.wait_edges, t.dead_letter):
         for entry in log.of(topic):
+            if not signed(entry):
+                continue
             r = entry.record
             cause = getattr(r, "source", None) if topic == t.dead_letter else getattr(r, "cause", None)
             if cause is not None and hasattr(cause, "offset"):
@@ -368,7 +372,8 @@ def pending_inputs(log: Log, settings: Settings, decided: list[tuple[Entry, list
                 caused[where] = caused.get(where, 0) + 1
     commands = (t.resource_commands, t.saga_commands, t.wait_edges)
     logged = {identity(e.record) for topic in commands for e in log.of(topic)
-              if e.record is not None and not isinstance(e.record, DeadlockDetected) and not from_outside(e)}
+              if e.record is not None and not isinstance(e.record, DeadlockDetected) and not from_outside(e)
+              and signed(e)}
     decisions = (t.resource_events, t.saga_events, t.dead_letter)
     pending = set()
     for entry, outputs in decided:
@@ -406,7 +411,12 @@ _FINAL = (LockGranted, LockDenied, LockCancelled, LockWaitTimedOut)
 
 
 def live_slice(log: Log, settings: Settings, horizon_ms: int) -> set[str]:
-    """The positions of ``log`` a later audit may still need (see the module's docstring)."""
+    """The positions of ``log`` a later audit may still need (see the module's docstring).
+
+    What ends or supersedes something (a release, an outcome, a higher grant, a renewal, a saga's end,
+    an edge's removal) counts only when a worker wrote it or the workers took it in: a forged one
+    would leave out of the slice what the next audit judges honest records by (a resource's last
+    write, say, without which the next honest write would look as if made on a stale base)."""
     t = settings.topics
     end = log.span_ms()[1]
     cut = end - horizon_ms
@@ -416,8 +426,31 @@ def live_slice(log: Log, settings: Settings, horizon_ms: int) -> set[str]:
             keep.update(e.where for e in entries)
         else:
             keep.update(e.where for e in entries if e.timestamp_ms >= cut)
-    # Resource events: each resource's highest grant (and its end), its unended leases (and their last
-    # renewal), its last write, and the requests still waiting.
+    signed = worker_signed(log, settings)
+    refused = refused_positions(log, settings)
+    keep |= _live_resources(log, settings, signed)
+    # Sagas not finished: their first step.
+    finished = {e.record.saga_id for e in log.of(t.saga_events) if isinstance(e.record, SagaFinished) and signed(e)}
+    first_step: dict[str, Entry] = {}
+    for entry in log.of(t.saga_commands):
+        if isinstance(entry.record, SagaStep) and entry.record.saga_id not in finished:
+            first_step.setdefault(entry.record.saga_id, entry)
+    keep.update(e.where for e in first_step.values())
+    keep |= _live_edges(log, settings, lambda e: signed(e) if isinstance(e.record, DeadlockDetected)
+                        else (e.topic, e.partition, e.offset) not in refused)
+    # Dead letters of what is kept.
+    for entry, letter in dead_letters(log, settings):
+        source = f"{letter.source.topic}[{letter.source.partition}]@{letter.source.offset}"
+        if source in keep:
+            keep.add(entry.where)
+    return keep
+
+
+def _live_resources(log: Log, settings: Settings, signed: Callable[[Entry], bool]) -> set[str]:
+    """Resource events: each resource's highest grant (and its end), its unended leases (and their last
+    renewal), its last write, the requests still waiting; and the commands with no outcome yet. Only
+    the events a worker ``signed``."""
+    t = settings.topics
     high: dict[str, tuple[int, Entry]] = {}
     unended: dict[tuple[str, int], list[Entry]] = {}
     ended_high: dict[tuple[str, int], Entry] = {}
@@ -427,6 +460,8 @@ def live_slice(log: Log, settings: Settings, horizon_ms: int) -> set[str]:
     outcomes: set[tuple[str, str]] = set()
     for entry in log.of(t.resource_events):
         e = entry.record
+        if not signed(entry):
+            continue
         if isinstance(e, LockGranted):
             top = high.get(e.resource)
             if top is None or e.token >= top[0]:
@@ -450,6 +485,7 @@ def live_slice(log: Log, settings: Settings, horizon_ms: int) -> set[str]:
             outcomes.add((e.resource, e.intent_id))
         elif isinstance(e, ToolRejected):
             outcomes.add((e.resource, e.intent_id))
+    keep: set[str] = set()
     for resource, (token, grant) in high.items():
         keep.add(grant.where)
         end_of = ended_high.get((resource, token))
@@ -459,23 +495,21 @@ def live_slice(log: Log, settings: Settings, horizon_ms: int) -> set[str]:
         keep.update(e.where for e in leases)
     keep.update(e.where for e in last_write.values())
     keep.update(e.where for ident, e in queued.items() if ident not in finals)
-    # Commands with no outcome yet.
     for entry in log.of(t.resource_commands):
         c = entry.record
         if (isinstance(c, LockRequested) and (c.resource, c.request_id, c.agent_id) not in finals) or (
                 isinstance(c, ToolIntent) and (c.resource, c.intent_id) not in outcomes):
             keep.add(entry.where)
-    # Sagas not finished: their first step.
-    finished = {e.record.saga_id for e in log.of(t.saga_events) if isinstance(e.record, SagaFinished)}
-    first_step: dict[str, Entry] = {}
-    for entry in log.of(t.saga_commands):
-        if isinstance(entry.record, SagaStep) and entry.record.saga_id not in finished:
-            first_step.setdefault(entry.record.saga_id, entry)
-    keep.update(e.where for e in first_step.values())
-    # Wait-for edges still in place.
+    return keep
+
+
+def _live_edges(log: Log, settings: Settings, taken: Callable[[Entry], bool]) -> set[str]:
+    """Wait-for edges still in place, by the edges and detections the workers took in (``taken``)."""
     live: dict[str, Entry] = {}
-    for entry in log.of(t.wait_edges):
+    for entry in log.of(settings.topics.wait_edges):
         r = entry.record
+        if not taken(entry):
+            continue
         if isinstance(r, WaitEdgeAdded):
             live.setdefault(r.edge_id, entry)
         elif isinstance(r, WaitEdgeRemoved):
@@ -484,12 +518,4 @@ def live_slice(log: Log, settings: Settings, horizon_ms: int) -> set[str]:
             for edge_id, added in list(live.items()):
                 if isinstance(added.record, WaitEdgeAdded) and added.record.waiter == r.victim:
                     del live[edge_id]
-    keep.update(e.where for e in live.values())
-    # Dead letters of what is kept.
-    for entry in log.of(t.dead_letter):
-        letter = entry.record
-        if isinstance(letter, DeadLetter):
-            source = f"{letter.source.topic}[{letter.source.partition}]@{letter.source.offset}"
-            if source in keep:
-                keep.add(entry.where)
-    return keep
+    return {e.where for e in live.values()}

@@ -3,8 +3,9 @@ others are judged.
 
 Whether signatures are checked and the rules the replay decides by come from the workers'
 announcements (``WorkerStarted``); which inputs were refused, from their dead letters; how far the
-workers got, from the causes their decisions name. Each of these, forged (unsigned, or signed by an
-agent) and written where it would count, is an intrusion and changes nothing else.
+workers got, from the causes their decisions name; what an audit checkpoint keeps, from what ended
+and what superseded what. Each of these, forged (unsigned, or signed by an agent) and written where it
+would count, is an intrusion and changes nothing else.
 
 The logs are made, not recorded: an agent's signed commands are decided by the processors' own code
 (``arbiter.audit.replay.simulate``), and every decision is then signed with a worker key the admin
@@ -15,11 +16,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from arbiter.audit import audit
+from arbiter.audit import audit, audit_from
+from arbiter.audit.checkpoint import Checkpoint
 from arbiter.audit.log import Entry, Log
 from arbiter.audit.replay import simulate
 from arbiter.edge.settings import Settings
@@ -188,3 +191,34 @@ async def test_a_forged_decision_does_not_move_how_far_the_workers_got() -> None
     assert report["verdict"] == "pass" and report["violations"] == 0, _summary(report)
     assert _where(report, "intrusion") == {e.where for e in forged}
     assert last.where in _where(report, "open"), _summary(report)
+
+
+async def test_a_forged_write_does_not_leave_the_last_honest_write_out_of_a_checkpoint(tmp_path: Path) -> None:
+    """The checkpoint keeps each resource's last write (the next write's base is judged by it): a forged
+    write after it kept the forgery instead, and the resumed audit found the next honest write on a stale
+    base."""
+    first = [_acquire("acquire-1", T0), _refund("refund-1", 1, 0, T0 + 10)]
+    rest = [_refund("refund-2", 1, 1, T0 + 1_000), _release("release-1", 1, T0 + 1_010)]
+    log = await _honest(first + rest)
+    applied = _first(log, ToolApplied)
+    assert isinstance(applied.record, ToolApplied)
+    lie = applied.record.model_copy(update={"intent_id": "forged-1", "agent_id": "mallory"})
+    later = next(e for e in log.partitions[applied.topic, applied.partition] if e.timestamp_ms > T0 + 20)
+    forged = _insert(log, replace(applied, timestamp_ms=T0 + 20, record=lie, value=None, headers=()), later)
+    whole = await audit(log, SETTINGS)
+    assert whole["verdict"] == "pass" and whole["violations"] == 0, _summary(whole)
+    assert _where(whole, "intrusion") == {forged.where}
+
+    before = Log(log.topics, source=log.source, partition_count=log.partition_count)
+    for entry in log.entries():
+        if entry.timestamp_ms <= T0 + 500:
+            before.add(entry)
+    _report, done = await audit_from(before, SETTINGS, checkpointing=True)
+    done.horizon_ms = 0  # the slice keeps only what is still live
+    path = tmp_path / "audit.checkpoint"
+    done.checkpoint(SETTINGS, ADMIN).write(path)
+    checkpoint = Checkpoint.read(path)
+    combined, _slice = checkpoint.continue_with(log, SETTINGS)
+    resumed, _done = await audit_from(combined, SETTINGS, checkpoint)
+    assert resumed["verdict"] == "pass" and resumed["violations"] == 0, _summary(resumed)
+    assert resumed["stats"]["writes"] == whole["stats"]["writes"] == 2

@@ -45,6 +45,9 @@ from . import METADATA_TIMEOUT_S, Fetch, Headers, KafkaIOError, Positions, Recei
 log = logging.getLogger("arbiter.kafka")
 _librdkafka = logging.getLogger("arbiter.kafka.librdkafka")
 _librdkafka.addFilter(Repeats())
+# Where no logging is configured (a CLI verb, a script), librdkafka's lines are not printed by Python's
+# last-resort handler ahead of the one error line the caller prints; configured logging still gets them.
+_librdkafka.addHandler(logging.NullHandler())
 
 POLL_S = 0.02
 """How long the reader thread waits for a record before it looks at its commands again."""

@@ -45,7 +45,7 @@ from arbiter.edge.tail import Tail
 from arbiter.schemas import CheckVerdict, MergeChecked, MergeQueued, MergeReplanned, ToolApplied, ToolRejected
 from arbiter.schemas.identity import ROLE_RUNNER, ROLE_WORKER, Registry, Verified
 from arbiter.streams.cores import train
-from arbiter.streams.cores.train import Entry, Train
+from arbiter.streams.cores.train import CHECK_CHANGED, Entry, Train
 from arbiter.streams.tools import merges
 from arbiter.streams.tools.checks import CheckResult, run_check
 from arbiter.streams.tools.git import git
@@ -67,6 +67,8 @@ class Plan:
 
     checks: dict[Key, tuple[Entry, str, str, str]] = field(default_factory=dict)
     conflicts: dict[Key, tuple[Entry, str, list[str]]] = field(default_factory=dict)
+    changed: dict[Key, tuple[Entry, str]] = field(default_factory=dict)
+    """Entries that joined with another check than this runner's."""
 
 
 def mirror_of(home: Path, name: str, repo: Path) -> Path:
@@ -87,10 +89,11 @@ def plan(trains: Train, mirror: Path, depth: int, digest: str, results: dict[Key
     for target in sorted({e.target for e in trains.entries}):
         base = trains.heads[target]
         for entry in trains.queue(target)[:depth]:
-            if entry.check_digest != digest:
-                log.error("the merge %s waits for check %s, and this runner's configuration is %s: it cannot "
-                          "check it (the host and the runner must read the same repos.toml)", entry.intent_id,
-                          entry.check_digest, digest)
+            if entry.check_digest != digest:  # it cannot be checked here: it leaves the train (check_changed)
+                log.warning("the merge %s joined with check %s, and this runner's configuration is %s: it is "
+                            "answered check_changed (the host and the runner must read the same repos.toml)",
+                            entry.intent_id, entry.check_digest, digest)
+                out.changed[entry.intent_id, base] = (entry, base)
                 continue
             key = (entry.intent_id, base)
             try:
@@ -198,7 +201,10 @@ class CheckRunner:
         todo = await asyncio.to_thread(plan, trains, mirror, self.depth, repository.check_digest(), self.results)
         for key, (entry, base, paths) in todo.conflicts.items():
             if key not in self.sent and key not in self.results:
-                await self._send_conflict(resource, entry, base, paths, repository)
+                await self._send_refusal(resource, entry, base, repository, conflicts=paths)
+        for key, (entry, base) in todo.changed.items():
+            if key not in self.sent and key not in self.results:
+                await self._send_refusal(resource, entry, base, repository, stopped=CHECK_CHANGED)
         for key, (entry, base, commit, tree) in todo.checks.items():
             if key not in self.sent and key not in self.results and key not in self.jobs:
                 task = asyncio.create_task(self._check(resource, repository, entry, base, commit, tree))
@@ -231,13 +237,14 @@ class CheckRunner:
         finally:
             self.jobs.pop(key, None)
 
-    async def _send_conflict(self, resource: str, entry: Entry, base: str, paths: list[str],
-                             repository: Repository) -> None:
+    async def _send_refusal(self, resource: str, entry: Entry, base: str, repository: Repository, *,
+                            conflicts: list[str] | None = None, stopped: str = "") -> None:
+        """A verdict that ran no check: the merge conflicts on ``base``, or joined with another check."""
         await self._send(CheckVerdict(
             verdict_id=uuid.uuid4().hex, runner_id=self.name, resource=resource, intent_id=entry.intent_id, base=base,
             commit="", tree="", check_digest=repository.check_digest(), command=repository.check_text(), passed=False,
-            conflicts=paths,
-            exit_code=None, stopped="", output_digest="", output_bytes=0, output_tail="", seconds_ms=0,
+            conflicts=conflicts or [],
+            exit_code=None, stopped=stopped, output_digest="", output_bytes=0, output_tail="", seconds_ms=0,
             sent_at_ms=now_ms()))
         self.sent.add((entry.intent_id, base))
         self.results[entry.intent_id, base] = False

@@ -59,6 +59,7 @@ class Reason(StrEnum):
     UNTRACKED_IN_THE_WAY = "untracked_in_the_way"
     CHECK_FAILED = "check_failed"
     CHECK_TIMED_OUT = "check_timed_out"
+    CHECK_CHANGED = "check_changed"
     REBASE_CONFLICT = "rebase_conflict"
     NOT_YOUR_MERGE = "not_your_merge"
     REVERT_CONFLICT = "revert_conflict"
@@ -140,8 +141,12 @@ WHAT_TO_DO: dict[Reason, str] = {
                          "fix it in your sandbox, commit, and merge again.",
     Reason.CHECK_TIMED_OUT: "The repository's check ran past its time limit on your merge result: make it faster "
                             "in your sandbox (or ask the operator for a longer limit), commit, and merge again.",
+    Reason.CHECK_CHANGED: "The repository's check is not the one your merge joined the train with (the operator "
+                          "changed it, or the check runner reads another configuration than the host): merge again, "
+                          "and it joins with the check the repository has now.",
     Reason.REBASE_CONFLICT: "The rebase was undone, your sandbox is as it was: merge the target into your sandbox "
-                            "(git merge main), resolve the paths listed, commit, and merge again.",
+                            "(git fetch origin main && git merge origin/main), resolve the paths listed, commit, and "
+                            "merge again.",
     Reason.NOT_YOUR_MERGE: "Only the saga of the agent that merged can revert a merge (as its compensation); an "
                            "operator reverts one by aborting that saga, or by hand with git revert.",
     Reason.REVERT_CONFLICT: "What landed since the merge conflicts with undoing it: a person must revert it by "

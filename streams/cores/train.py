@@ -19,7 +19,9 @@ The front entry of a target lands only when (``front``):
 - its lease is still live (an entry whose lease died leaves the train, ``lease_not_live``);
 - the repository has no check, or it has a verdict of its own check whose ``base`` is the target's head
   (checked on exactly what it lands on): passed, it lands that commit; failed, it is evicted
-  (``check_failed``, ``check_timed_out``), and so is one that conflicts (``version_conflict``).
+  (``check_failed``, ``check_timed_out``), and so is one that conflicts (``version_conflict``);
+- a runner whose check is another than the entry's says so (``CHECK_CHANGED``): the entry is evicted
+  (``check_changed``) and its agent merges again, with the repository's check as it is now.
 
 A verdict on another base waits: once the entries ahead land as checked, its base is the head. Landing
 is the host's ref update (``arbiter.streams.tools.git``); when the target is not where the log says
@@ -41,6 +43,9 @@ from arbiter.streams.cores.leases import LeaseBook
 
 TrainEvent = MergeQueued | MergeChecked | MergeReplanned | ToolApplied | ToolRejected
 REPLANNED = "merge_replanned"
+CHECK_CHANGED = "check_changed"
+"""A verdict's ``stopped`` when the runner's check is not the one the entry joined with: it cannot check it, and
+says so, so the entry leaves the train (``check_changed``) rather than wait for ever."""
 """A landing's outcome when the target is not where the train had it: the front waits for a check there."""
 
 
@@ -173,6 +178,9 @@ def front(train: Train, target: str, book: LeaseBook, now_ms: int) -> Action | N
     if entry.check_digest is None:
         return Land(entry, head, None)
     verdict = train.verdicts.get(entry.intent_id)
+    if verdict is not None and verdict.stopped == CHECK_CHANGED and verdict.check_digest != entry.check_digest:
+        return Evict(entry, Reason.CHECK_CHANGED, {"joined_with_check": entry.check_digest,
+                                                   "runner_check": verdict.check_digest})
     if verdict is None or verdict.base != head or verdict.check_digest != entry.check_digest:
         return None
     if verdict.conflicts:

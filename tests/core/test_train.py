@@ -111,11 +111,11 @@ class Rig:
                                tool="merge", arguments_json=json.dumps({"message": agent}), sent_at_ms=T0))
 
     def verdict(self, intent_id: str, base: str, passed: bool = True, conflicts: list[str] | None = None,
-                digest: str = DIGEST) -> list[Record]:
+                digest: str = DIGEST, stopped: str = "") -> list[Record]:
         return self(CheckVerdict(verdict_id=f"v-{intent_id}-{base}", runner_id="runner", resource=REPO,
                                  intent_id=intent_id, base=base, commit=commit_of(intent_id, base),
                                  tree=f"t-{commit_of(intent_id, base)}", check_digest=digest, passed=passed,
-                                 conflicts=conflicts or [], exit_code=0 if passed else 1, stopped="",
+                                 conflicts=conflicts or [], exit_code=0 if passed else 1, stopped=stopped,
                                  output_digest="o", output_bytes=0, output_tail="", seconds_ms=1000, sent_at_ms=T0))
 
     def train(self) -> Train:
@@ -192,6 +192,21 @@ def test_a_verdict_of_another_check_or_a_conflict() -> None:
     refused = [r for r in conflict if isinstance(r, ToolRejected)]
     assert [r.reason for r in refused] == ["version_conflict"]
     assert json.loads(refused[0].diagnostic_json)["conflicts"] == ["auth.py"]
+
+
+def test_a_runner_with_another_check_evicts_the_merge_rather_than_leave_it_waiting() -> None:
+    """Finding: a merge that joined with a check the runner does not have (the operator changed repos.toml,
+    or the host and the runner read different ones) waited at the front for ever, its agent renewing its
+    lease, every merge behind it stuck. The runner says so, and the merge leaves with check_changed."""
+    rig = Rig()
+    rig.merge("ann", rig.lease("ann"))
+    rig.merge("bob", rig.lease("bob"))
+    refused = [r for r in rig.verdict("m-ann", "h0", passed=False, digest="new", stopped=train.CHECK_CHANGED)
+               if isinstance(r, ToolRejected)]
+    assert [(r.intent_id, r.reason) for r in refused] == [("m-ann", "check_changed")], refused
+    assert json.loads(refused[0].diagnostic_json)["runner_check"] == "new"
+    assert [e.intent_id for e in rig.train().entries] == ["m-bob"], "the one behind is the front now"
+    assert finals(rig.verdict("m-bob", "h0")) == [("m-bob", "merge", True)]
 
 
 def test_without_a_check_a_merge_lands_when_it_is_the_front() -> None:

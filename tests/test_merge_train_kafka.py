@@ -201,7 +201,8 @@ async def test_a_conflict_between_processes_is_answered_with_its_paths_and_the_r
         listed = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "arbiter", "sandbox", "list", "--repo",
                                                           "app"], env=env, capture_output=True, text=True, check=True)
         box = next(Path(b["path"]) for b in json.loads(listed.stdout)["sandboxes"] if b["agent"] == lost)
-        sh(box, "reset", "-q", "--hard", "main")
+        sh(box, "fetch", "-q", "origin", "main")
+        sh(box, "reset", "-q", "--hard", "origin/main")
         (box / "auth.py").write_text("def login():\n    return 2 + 3\n")
         sh(box, "-c", "user.name=x", "-c", "user.email=x@example.com", "commit", "-qam", f"{lost}: on the new head")
         merged = await asyncio.to_thread(cli, "merge", "-m", f"{lost}: again")

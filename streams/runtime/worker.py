@@ -58,7 +58,7 @@ from aiokafka.structs import ConsumerRecord
 
 from arbiter.edge.clock import now_ms
 from arbiter.edge.kafkaauth import kafka_client_options
-from arbiter.edge.kafkaconn import close_client, describe
+from arbiter.edge.kafkaconn import Repeats, close_client, describe
 from arbiter.edge.kafkaio import KafkaIOError
 from arbiter.edge.kafkaio.group import RdGroup, RdProducer
 from arbiter.edge.keys import anchors_for, signer_for
@@ -83,6 +83,8 @@ from arbiter.streams.shells.pipeline import TICK_KEY, Pipeline, RawInput, input_
 from arbiter.streams.shells.trust import Gate, LiveTrust
 
 log = logging.getLogger("arbiter.worker")
+_tick_log = logging.getLogger("arbiter.worker.ticks")
+_tick_log.addFilter(Repeats())  # a tick per partition a second: in an outage, one line per 30 s says it
 
 KAFKA_ERRORS = (KafkaError, KafkaIOError)
 """A Kafka call failed: aiokafka's errors, or the librdkafka seam's."""
@@ -1044,7 +1046,7 @@ def _retrieved(fut: asyncio.Future[Any]) -> None:
 
 def _log_tick_failure(sent: asyncio.Future[Any]) -> None:
     if not sent.cancelled() and sent.exception() is not None:
-        log.warning("a tick was not written: %s", sent.exception())
+        _tick_log.warning("a tick was not written: %s", sent.exception())
 
 
 def _names(tps: set[TopicPartition]) -> str:

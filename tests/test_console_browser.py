@@ -27,6 +27,9 @@ from bench.cdp import Browser
 
 from .test_audit_html import chromium
 
+LIVE = "document.getElementById('status').textContent === 'live'"
+"""The page's stream is open (the door's live feed has caught up with the log first: on a busy broker, seconds)."""
+
 pytestmark = pytest.mark.kafka
 
 HOSTILE = 'doc:<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'
@@ -45,7 +48,7 @@ async def test_the_console_shows_a_live_run(kafka_settings: Settings, door: Door
             Browser(chromium(), tmp_path / "profile") as page:
         early = await ann.acquire("doc:before", ttl=60)  # in the snapshot the page gets first
         await page.open(door.url + "/")
-        await page.until("document.getElementById('status').textContent === 'live'")
+        await page.until(LIVE, timeout=30)
         await page.until("document.querySelector('#leases tr[data-resource=\"doc:before\"]') !== null")
 
         # A grant after the page opened is on it within a second.
@@ -115,7 +118,7 @@ async def test_the_console_shows_running_workers_their_lag_and_whole_saga_rows(
             await asyncio.to_thread(stopped.proc.wait, 30)
 
             await page.open(door.url + "/")
-            await page.until("document.getElementById('status').textContent === 'live'")
+            await page.until(LIVE, timeout=30)
             running = await page.until("(() => { const w = [...document.querySelectorAll('#workers .worker')]"
                                        ".map(e => e.dataset.worker); return w.length === 1 && w; })()", timeout=15)
             assert running == ["worker-1"], running

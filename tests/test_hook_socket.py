@@ -76,7 +76,7 @@ def test_nothing_answering_blocks_the_call_within_half_a_second(tmp_path: Path) 
     assert "arbiter hook serve --agent ann" in done.stderr and took < 0.5 + 0.5, took  # + the interpreter
     # A socket left by a process that is gone is nothing answering too, and so is a listener that never answers.
     path = socket_path(settings.home, "ann")
-    path.parent.mkdir(parents=True)
+    path.parent.mkdir(parents=True, mode=0o700)
     import socket
 
     with socket.socket(socket.AF_UNIX) as mute:
@@ -86,6 +86,10 @@ def test_nothing_answering_blocks_the_call_within_half_a_second(tmp_path: Path) 
         done = fast(settings, "ann", payload)
         assert done.returncode == 2 and "no answer within 0.45 s" in done.stderr, done.stderr
         assert time.monotonic() - started < 1.0
+        # A socket in a folder other users may enter or write is not asked: another user could answer "allow".
+        path.parent.chmod(0o755)
+        done = fast(settings, "ann", payload)
+        assert done.returncode == 2 and "is not this user's alone" in done.stderr, done.stderr
     bad = subprocess.run([str(HOOK)], input="{}", capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "--agent NAME is required" in bad.stderr
 

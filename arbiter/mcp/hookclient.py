@@ -48,8 +48,18 @@ def socket_path(home: str | os.PathLike[str], agent: str) -> str:
     return f"/tmp/arbiter-{os.getuid()}/{digest}.sock"
 
 
+def _own_folder(path: str) -> None:
+    """Refuse (``ValueError``) a socket whose folder is not this user's own, mode 0700 and not a link: in a
+    folder others can write (``/tmp``'s short paths), another user could answer "allow" to every call."""
+    folder = os.path.dirname(path)
+    info = os.lstat(folder)
+    if info.st_uid != os.getuid() or (info.st_mode & 0o170000) != 0o040000 or info.st_mode & 0o077:
+        raise ValueError(f"the folder {folder} of the hook's socket is not this user's alone")
+
+
 def ask(path: str, agent: str, payload: bytes, timeout: float = TIMEOUT) -> tuple[str, str]:
     """The hook process's answer to ``payload``: (allow, deny or block; what to print)."""
+    _own_folder(path)
     conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         conn.settimeout(timeout)

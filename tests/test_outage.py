@@ -249,13 +249,15 @@ def _every_verb() -> set[tuple[str, ...]]:
 
     found: set[tuple[str, ...]] = set()
 
-    def walk(command: click.Command, path: tuple[str, ...]) -> None:
+    def walk(command: click.Command, path: tuple[str, ...], ctx: click.Context) -> None:
         if isinstance(command, click.Group):
-            for name, sub in command.commands.items():
-                walk(sub, (*path, name))
+            for name in command.list_commands(ctx):  # (the CLI imports a command's module when asked for it)
+                sub = command.get_command(ctx, name)
+                assert sub is not None, name
+                walk(sub, (*path, name), click.Context(sub, parent=ctx, info_name=name))
         else:
             found.add(path)
-    walk(main, ())
+    walk(main, (), click.Context(main, info_name="arbiter"))
     return found
 
 

@@ -185,7 +185,9 @@ def test_the_command_table_names_every_command_and_the_readme_every_option() -> 
 
     def walk(command: click.Command, path: list[str]) -> list[tuple[list[str], click.Command]]:
         if isinstance(command, click.Group):
-            return [leaf for name, sub in sorted(command.commands.items()) for leaf in walk(sub, [*path, name])]
+            ctx = click.Context(command, info_name=path[-1] if path else "arbiter")
+            subs = {name: command.get_command(ctx, name) for name in command.list_commands(ctx)}
+            return [leaf for name, sub in sorted(subs.items()) if sub for leaf in walk(sub, [*path, name])]
         return [(path, command)]
 
     problems = []

@@ -63,7 +63,7 @@ def chaos(ctx: click.Context, campaign: str, duration: float | None, every: floa
     """Run a fault campaign against a live Arbiter it starts itself; audit the run and print a table."""
     from aiokafka.errors import KafkaError
 
-    from arbiter.console import EXIT_UNAVAILABLE, fail, say, settings_of
+    from arbiter.cli.terminal import EXIT_UNAVAILABLE, fail, say, settings_of
     from arbiter.edge.kafkaconn import describe
     from arbiter.edge.kafkaio import KafkaIOError
 

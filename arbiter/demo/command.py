@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from arbiter.audit.cli import verdict_line
+from arbiter.cli.audit import verdict_line
 from arbiter.demo.runs import (
     RunResult,
     audit_run,
@@ -77,7 +77,7 @@ def demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool
 
 def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: bool, ledger_dsn: str | None,
           via_http: bool = False, keep: bool = False) -> None:
-    from arbiter.console import fail, settings_of, unreachable
+    from arbiter.cli.terminal import fail, settings_of, unreachable
     from arbiter.demo.swarm import Plan
 
     if workers < 1 or speed <= 0:

@@ -6,8 +6,8 @@ import sys
 
 import faust
 
+from arbiter.cli.identity import ensure_worker_identity
 from arbiter.edge.settings import load_settings
-from arbiter.identitycli import ensure_worker_identity
 
 from . import faust_app
 

@@ -17,7 +17,7 @@ from arbiter.edge.settings import Settings
 from arbiter.schemas import IdentityRegistered
 from arbiter.schemas.identity import ROLE_AGENT, ROLE_RUNNER, ROLE_WORKER, IdentityError
 
-from .console import fail, say, settings_of
+from .terminal import fail, say, settings_of
 
 
 def _run(work: Any) -> Any:

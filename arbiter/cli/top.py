@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from .console import settings_of
+from .terminal import settings_of
 
 
 def frame(state: Any, recent: deque[tuple[float, str]], rows: int = 25) -> Any:

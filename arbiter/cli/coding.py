@@ -17,7 +17,7 @@ from arbiter.edge.settings import Settings
 if TYPE_CHECKING:
     from arbiter.agents import ArbiterClient
 
-from .console import fail, settings_of
+from .terminal import fail, settings_of
 
 HOOK_EXIT_BLOCK = 2
 """The exit code Claude Code and Codex read as "block this call" (1 would let it go ahead)."""

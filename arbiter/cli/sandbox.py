@@ -17,7 +17,7 @@ import click
 
 from .answers import answer as _answer
 from .answers import lock_run
-from .console import fail, say, settings_of
+from .terminal import fail, say, settings_of
 
 
 def _repo(ctx: click.Context, given: str) -> tuple[str, Path]:

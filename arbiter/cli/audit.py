@@ -13,12 +13,12 @@ from typing import Any, NoReturn
 import click
 from aiokafka.errors import KafkaError
 
-from arbiter.console import unreachable
+from arbiter.audit.log import Log, load_archive, read_log, write_archive
 from arbiter.edge.kafkaconn import describe
 from arbiter.edge.kafkaio import KafkaIOError
 from arbiter.edge.settings import Settings
 
-from .log import Log, load_archive, read_log, write_archive
+from .terminal import unreachable
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -84,7 +84,7 @@ def load_log(settings: Settings, archive: Path | None, quiet: bool = False,
 
 
 def _settings_for(ctx: click.Context, log: Log | None = None) -> Settings:
-    from arbiter.console import settings_of
+    from .terminal import settings_of
 
     settings = settings_of(ctx)
     if log is not None:
@@ -115,8 +115,8 @@ def audit(ctx: click.Context, archive: Path | None, as_json: bool, html_path: Pa
           strict: bool, checkpoint_path: Path | None) -> None:
     """Replay the whole log and check every safety rule. Exit 1 on a broken rule (or, with --strict, on an
     intrusion detected), 2 on bad input, 3 when Kafka cannot be reached; intrusions are reported either way."""
-    from . import TrustAnchorsMissing, audit_from
-    from .checkpoint import Checkpoint, CheckpointError
+    from arbiter.audit import TrustAnchorsMissing, audit_from
+    from arbiter.audit.checkpoint import Checkpoint, CheckpointError
 
     if html_path is not None:
         _writable(html_path)
@@ -125,9 +125,8 @@ def audit(ctx: click.Context, archive: Path | None, as_json: bool, html_path: Pa
     admin = None
     if checkpoint_path is not None:
         from arbiter.agents.identities import admin_signer
+        from arbiter.audit.replay import trust_anchors
         from arbiter.schemas.identity import IdentityError
-
-        from .replay import trust_anchors
 
         _writable(checkpoint_path)
         try:
@@ -160,7 +159,7 @@ def audit(ctx: click.Context, archive: Path | None, as_json: bool, html_path: Pa
         report.setdefault("checkpoint", {})["written"] = {"path": str(checkpoint_path),
                                                           "slice_messages": len(made.slice_lines)}
     if html_path is not None:
-        from .html import render
+        from arbiter.audit.html import render
 
         html_path.write_text(render(report), encoding="utf-8")
     if as_json:
@@ -232,7 +231,7 @@ def print_summary(report: dict[str, Any], html_path: Path | None = None, limit: 
 @click.pass_context
 def replay(ctx: click.Context, archive: Path | None, at: str | None, policy: str | None) -> None:
     """Time travel (--at) and what-if (--policy) over the recorded log. Prints JSON."""
-    from .replay import Moment, Policy, TrustAnchorsMissing, parse_moment, state_at
+    from arbiter.audit.replay import Moment, Policy, TrustAnchorsMissing, parse_moment, state_at
 
     if (at is None) == (policy is None):
         _fail("give exactly one of --at or --policy")
@@ -257,7 +256,7 @@ def replay(ctx: click.Context, archive: Path | None, at: str | None, policy: str
         click.echo(json.dumps(state, sort_keys=True, indent=2))
         return
     assert parsed_policy is not None
-    from .whatif import compare
+    from arbiter.audit.whatif import compare
 
     try:
         compared = asyncio.run(compare(log, settings, parsed_policy))

@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from .console import fail, settings_of
+from .terminal import fail, settings_of
 
 
 @contextmanager

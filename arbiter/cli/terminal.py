@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import click
 from pydantic import ValidationError
 
 from arbiter.edge.settings import Settings, load_settings
-
-from .kafka import local_cluster_settings
+from arbiter.kafka import local_cluster_settings
 
 
 def fail(message: str, detail: str = "", code: int = 1) -> NoReturn:
@@ -55,7 +55,24 @@ EXIT_UNAVAILABLE = 3
 
 class ArbiterGroup(click.Group):
     """The ``arbiter`` command group: a command that cannot reach Kafka, or that finds a topic missing,
-    ends with one clear line on stderr, never a traceback."""
+    ends with one clear line on stderr, never a traceback. Commands in ``lazy`` (name: ``module:attribute``)
+    are imported only when run or listed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy: dict[str, str] = {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        found = super().get_command(ctx, cmd_name)
+        if found is None and cmd_name in self.lazy:
+            module, _, attribute = self.lazy[cmd_name].partition(":")
+            found = getattr(importlib.import_module(module), attribute)
+            assert isinstance(found, click.Command), self.lazy[cmd_name]
+            self.add_command(found, cmd_name)
+        return found
 
     def invoke(self, ctx: click.Context) -> object:
         from aiokafka.errors import KafkaError

@@ -189,8 +189,11 @@ async def hook_latency(calls: int) -> None:
             finally:
                 server.terminate()
                 await server.wait()
+            gone, mute = await _unanswered(hook, edit, env, Path(hookclient.socket_path(settings.home, "coder-0")))
     print(f"hook: arbiter-hook answered by arbiter hook serve, {calls} edits: p50 {fast[0]:.0f} ms, p99 {fast[1]:.0f} "
           f"ms (targets 50 / 150); the one-shot CLI hook connecting to Kafka itself, 20 edits: p50 {slow[0]:.0f} ms")
+    print(f"hook: blocked with its reason when nothing answers, 20 edits each: no process {gone[0]:.0f} / "
+          f"{gone[1]:.0f} ms, a process that never answers {mute[0]:.0f} / {mute[1]:.0f} ms (p50 / max; target 500)")
     print(f"mcp: arbiter mcp answers initialize over stdio {ready:.2f} s after launch (median of 5; target 1.5)")
 
 
@@ -220,6 +223,32 @@ async def _mcp_ready(env: dict[str, str]) -> float:
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+async def _unanswered(hook: list[str], edit: str, env: dict[str, str], path: Path) -> tuple[tuple[float, float], ...]:
+    """(p50, max) ms of the hook blocking a call: with no process to ask, and with one that never answers."""
+    import socket
+
+    async def blocked() -> tuple[float, float]:
+        times = []
+        for _ in range(20):
+            started = time.perf_counter()
+            proc = await asyncio.create_subprocess_exec(*hook, env=env, stdin=asyncio.subprocess.PIPE,
+                                                        stdout=asyncio.subprocess.DEVNULL,
+                                                        stderr=asyncio.subprocess.DEVNULL)
+            await proc.communicate(edit.encode())
+            if proc.returncode != hookclient.EXIT_BLOCK:
+                raise SystemExit(f"the hook answered exit {proc.returncode} with nothing to ask: it must block")
+            times.append((time.perf_counter() - started) * 1000)
+        return statistics.median(times), max(times)
+
+    await asyncio.to_thread(path.unlink, True)
+    gone = await blocked()
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))
+        listener.listen(64)
+        mute = await blocked()
+    return gone, mute
 
 
 def _wait_for_socket(path: Path, timeout: float = 60.0) -> None:

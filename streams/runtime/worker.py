@@ -3,9 +3,8 @@
 Theory of operation
 -------------------
 One consumer, in the ``app_id`` group, reads the three input topics (resource
-commands, wait edges, saga commands): librdkafka's under ``at_least_once``
-(``arbiter.edge.kafkaio.group``), aiokafka's under ``exactly_once`` or with
-``kafka_client=aiokafka``; both answer the same few calls. ``getmany`` hands back whatever
+commands, wait edges, saga commands): librdkafka's (``arbiter.edge.kafkaio.group``), or
+aiokafka's with ``kafka_client=aiokafka``; both answer the same few calls. ``getmany`` hands back whatever
 has arrived (a batch is never waited for), and each batch goes through four steps under one
 lock:
 
@@ -20,9 +19,9 @@ lock:
 4. **Commit** the batch's offsets, only once 2 and 3 are acknowledged (``acks=all``).
 
 Under ``exactly_once`` steps 2-4 are one Kafka transaction per input partition, through a
-producer whose ``transactional_id`` names that partition, so the worker that takes a
-partition over fences the one that had it (``init_transactions``) before it reads the
-partition's changelog. Under ``at_least_once`` a crash between 2 and 4 redelivers the
+producer whose ``transactional_id`` names that partition (``RdTxnProducer``), so the worker
+that takes a partition over fences the one that had it (``init_transactions``) before it reads
+the partition's changelog. Under ``at_least_once`` a crash between 2 and 4 redelivers the
 batch, and the decisions are idempotent (request and intent ids are remembered; time is
 the broker's append time, the same on every delivery).
 
@@ -59,8 +58,9 @@ from aiokafka.structs import ConsumerRecord
 from arbiter.edge.clock import now_ms
 from arbiter.edge.kafkaauth import kafka_client_options
 from arbiter.edge.kafkaconn import Repeats, close_client, describe
-from arbiter.edge.kafkaio import KafkaIOError
-from arbiter.edge.kafkaio.group import RdGroup, RdProducer
+from arbiter.edge.kafkaio import Fetch, KafkaIOError
+from arbiter.edge.kafkaio.group import RdGroup, RdProducer, RdTxnProducer
+from arbiter.edge.kafkaio.rdkafka import RdReader
 from arbiter.edge.keys import anchors_for, signer_for
 from arbiter.edge.registryfeed import RegistryFeed
 from arbiter.edge.settings import Settings
@@ -238,9 +238,9 @@ class Worker:
         self._lose_outputs = None if (prefix := lost_outputs_failpoint()) is None else prefix.encode()
         self.rules = Rules.from_settings(settings)
         self.exactly_once = settings.processing_guarantee == "exactly_once"
-        self.rdkafka = settings.kafka_client == "librdkafka" and not self.exactly_once
-        """The input consumer and the producer on librdkafka (``arbiter.edge.kafkaio.group``); under
-        ``exactly_once`` (its per-partition transactional producers) they stay on aiokafka."""
+        self.rdkafka = settings.kafka_client == "librdkafka"
+        """The input consumer, the producers and the restorer on librdkafka (``arbiter.edge.kafkaio``);
+        aiokafka's with ``kafka_client=aiokafka``."""
         self.signer = signer_for(settings.home, settings.identity or ROLE_WORKER, settings.identity_key)
         self.registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
         self.gate = Gate(self.registry, enabled=settings.verify_signatures)
@@ -275,8 +275,11 @@ class Worker:
         """The input consumer: an ``AIOKafkaConsumer``, or an ``RdGroup`` (``self.rdkafka``)."""
         self.producer: Any = None
         """Outputs under at_least_once; ticks and announcements always (never in a transaction)."""
-        self.transactional: dict[TopicPartition, AIOKafkaProducer] = {}
-        self.restorer: AIOKafkaConsumer | None = None
+        self.transactional: dict[TopicPartition, Any] = {}
+        """Under exactly_once, each owned input partition's transactional producer (``RdTxnProducer``, or
+        aiokafka's)."""
+        self.restorer: Any = None
+        """What reads the changelogs back: the seam's ``RdReader``, or an ``AIOKafkaConsumer``."""
         self.pipeline = Pipeline(
             self.rules, settings.topics, settings.partitions, self.tables, tools or default_tools(settings),
             self.codec, trust=LiveTrust(self.gate, lambda: self.feed.catch_up(timeout=5.0), now_ms)
@@ -395,9 +398,13 @@ class Worker:
                       self.signer.name)
         self.producer = RdProducer(settings) if self.rdkafka else self._producer()
         await self.producer.start()
-        self.restorer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
-                                         enable_auto_commit=False, isolation_level="read_committed",
-                                         fetch_max_wait_ms=settings.fetch_max_wait_ms, **self.kafka)
+        if self.rdkafka:
+            self.restorer = RdReader(settings, Fetch(max_wait_ms=settings.fetch_max_wait_ms,
+                                                     max_partition_bytes=2 * settings.max_message_bytes))
+        else:
+            self.restorer = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=None,
+                                             enable_auto_commit=False, isolation_level="read_committed",
+                                             fetch_max_wait_ms=settings.fetch_max_wait_ms, **self.kafka)
         await self.restorer.start()
         # The rules this worker decides by go into the log, so audit and replay use them.
         await self._send_now(settings.topics.workers, self.me.encode(), WorkerStarted(
@@ -664,13 +671,12 @@ class Worker:
         offset = records[-1].offset + 1
         try:
             t1 = time.perf_counter()
-            await producer.begin_transaction()
+            await _begin(producer)
             sent = await self._produce(producer, outputs, {tp})
             if sent:
                 await asyncio.gather(*sent)
             t2 = time.perf_counter()
-            await producer.send_offsets_to_transaction({tp: offset}, self.settings.app_id)
-            await producer.commit_transaction()
+            await self._commit_transaction(producer, tp, offset)
             self.stats.add(len(records), len(outputs), t1 - t0, t2 - t1, time.perf_counter() - t2)
         except KAFKA_ERRORS as exc:
             assert self.consumer is not None
@@ -684,14 +690,22 @@ class Worker:
                 await close_client(producer)
                 return
             log.error("the transaction for %s failed (%s); rewinding it to the last commit", _names({tp}), exc)
-            if not isinstance(exc, ProducerFenced):  # a fenced producer is in a fatal state: abort refuses
-                with contextlib.suppress(*KAFKA_ERRORS):
-                    await producer.abort_transaction()
+            await _abort(producer, exc)
             await self._rewind({tp})
             return
         self.next[tp] = self.decided_to[tp] = offset
 
-    async def _produce(self, producer: AIOKafkaProducer, outputs: list[Output], tps: set[TopicPartition],
+    async def _commit_transaction(self, producer: Any, tp: TopicPartition, offset: int) -> None:
+        """The input's offset into the transaction, then the transaction's commit."""
+        if isinstance(producer, RdTxnProducer):
+            assert isinstance(self.consumer, RdGroup)
+            await producer.send_offsets({tp: offset}, await self.consumer.group_metadata())
+            await producer.commit()
+        else:
+            await producer.send_offsets_to_transaction({tp: offset}, self.settings.app_id)
+            await producer.commit_transaction()
+
+    async def _produce(self, producer: Any, outputs: list[Output], tps: set[TopicPartition],
                        changelog: _Batches | _RdBatches | None = None) -> list[asyncio.Future[Any]]:
         """Queue the decisions, then the changelog of the state they leave; the futures of their
         acknowledgements. Given ``changelog``, the changelog records are packed there now (the next
@@ -820,7 +834,8 @@ class Worker:
             old = self.transactional.pop(tp, None)
             if old is not None:
                 await old.stop()
-            producer = self._producer(f"{self.settings.app_id}-{tp.topic}-{tp.partition}")
+            name = f"{self.settings.app_id}-{tp.topic}-{tp.partition}"
+            producer = RdTxnProducer(self.settings, name) if self.rdkafka else self._producer(name)
             await producer.start()
             self.transactional[tp] = producer
 
@@ -839,29 +854,13 @@ class Worker:
                 where[TopicPartition(table.topic, tp.partition)] = table
         if not where:
             return 0
-        restorer = self.restorer
-        restorer.assign(sorted(where))
-        await restorer.seek_to_beginning(*where)
-        ends = await restorer.end_offsets(list(where))
-        remaining = {ctp for ctp in where if ends[ctp] > await restorer.position(ctp)}
-        count = 0
-        last_report = time.monotonic()
         # Only a key's last record counts: keep the raw bytes and decode each key once at the end
         # (a changelog not yet compacted holds every change of every key).
         latest: dict[tuple[TopicPartition, bytes], bytes | None] = {}
-        while remaining:
-            batch = await restorer.getmany(*remaining, timeout_ms=500, max_records=10_000)
-            for ctp, records in batch.items():
-                for record in records:
-                    if record.key is not None:
-                        latest[(ctp, record.key)] = record.value
-                count += len(records)
-            for ctp in list(remaining):
-                if await restorer.position(ctp) >= ends[ctp]:
-                    remaining.discard(ctp)
-            if time.monotonic() - last_report > 5:
-                last_report = time.monotonic()
-                log.info("restoring state: %d changelog records read, %d partitions to go", count, len(remaining))
+        if isinstance(self.restorer, RdReader):
+            count = await _read_changelogs(self.restorer, sorted(where), latest)
+        else:
+            count = await self._read_changelogs_aio(sorted(where), latest)
         rows: dict[TopicPartition, list[tuple[bytes, bytes | None]]] = {}
         for n, ((ctp, key), value) in enumerate(latest.items()):
             spec = where[ctp].spec.rows
@@ -874,9 +873,31 @@ class Worker:
         for ctp, items in rows.items():  # once every value they belong to is back
             where[ctp].load_rows(ctp.partition, items)
             await asyncio.sleep(0)
+        return count
+
+    async def _read_changelogs_aio(self, ctps: list[TopicPartition],
+                                   latest: dict[tuple[TopicPartition, bytes], bytes | None]) -> int:
+        """``_read_changelogs`` on aiokafka's consumer."""
+        restorer = self.restorer
+        restorer.assign(ctps)
+        await restorer.seek_to_beginning(*ctps)
+        ends = await restorer.end_offsets(ctps)
+        remaining = {ctp for ctp in ctps if ends[ctp] > await restorer.position(ctp)}
+        count, last_report = 0, time.monotonic()
+        while remaining:
+            batch = await restorer.getmany(*remaining, timeout_ms=500, max_records=10_000)
+            for ctp, records in batch.items():
+                for record in records:
+                    if record.key is not None:
+                        latest[(ctp, record.key)] = record.value
+                count += len(records)
+            for ctp in list(remaining):
+                if await restorer.position(ctp) >= ends[ctp]:
+                    remaining.discard(ctp)
+            last_report = _report_restore(count, len(remaining), last_report)
         # Paused, not unassigned: an idle assignment would be fetched from forever, and assign([])
         # makes aiokafka ask the broker for the metadata of every topic.
-        restorer.pause(*where)
+        restorer.pause(*ctps)
         return count
 
     async def _rewind(self, tps: set[TopicPartition]) -> bool:
@@ -1036,6 +1057,58 @@ class _RdBatches:
         """Queue every record, in order; the future of their acknowledgement (none if there are none)."""
         records, self.records = self.records, []
         return [await self.producer.produce(records)] if records else []
+
+
+async def _read_changelogs(reader: RdReader, ctps: list[TopicPartition],
+                           latest: dict[tuple[TopicPartition, bytes], bytes | None]) -> int:
+    """Read each changelog partition of ``ctps`` from its first record to its end as of now, each key's
+    last value into ``latest``; the number of records read. The partitions are dropped after."""
+    ends: dict[TopicPartition, int] = {}
+    for ctp in ctps:
+        first, end = await reader.offsets(ctp.topic, ctp.partition)
+        ends[ctp] = end
+        reader.add(ctp.topic, ctp.partition, first)
+    remaining = {ctp for ctp in ctps if ends[ctp] > await reader.position(ctp.topic, ctp.partition)}
+    count, last_report = 0, time.monotonic()
+    try:
+        while remaining:
+            for record in await reader.read(0.5):
+                if record.key is not None:
+                    latest[(TopicPartition(record.topic, record.partition), record.key)] = record.value
+                count += 1
+            for ctp in list(remaining):
+                if await reader.position(ctp.topic, ctp.partition) >= ends[ctp]:
+                    remaining.discard(ctp)
+            last_report = _report_restore(count, len(remaining), last_report)
+    finally:
+        for ctp in ctps:
+            reader.drop(ctp.topic, ctp.partition)
+    return count
+
+
+def _report_restore(count: int, remaining: int, last: float) -> float:
+    """Say how a long restore goes, every 5 s; when it was last said."""
+    if time.monotonic() - last <= 5:
+        return last
+    log.info("restoring state: %d changelog records read, %d partitions to go", count, remaining)
+    return time.monotonic()
+
+
+async def _begin(producer: Any) -> None:
+    """Begin a transaction on either client's transactional producer."""
+    if isinstance(producer, RdTxnProducer):
+        producer.begin()
+    else:
+        await producer.begin_transaction()
+
+
+async def _abort(producer: Any, failure: BaseException) -> None:
+    """Abort the transaction that ended in ``failure``, unless its producer was fenced (it can do nothing
+    more, not even abort: the partition's next producer ends the transaction)."""
+    if isinstance(failure, ProducerFenced) or getattr(failure, "fenced", False):
+        return
+    with contextlib.suppress(*KAFKA_ERRORS):
+        await (producer.abort() if isinstance(producer, RdTxnProducer) else producer.abort_transaction())
 
 
 def _retrieved(fut: asyncio.Future[Any]) -> None:

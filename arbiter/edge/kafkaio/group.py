@@ -20,7 +20,8 @@ epoch's records, each partition in offset order, at or after the offset sought.
 
 :class:`RdProducer` sends the worker's outputs and changelog, idempotent and ``acks=all``, each
 record to the partition it names, in order per partition; one thread serves its delivery reports,
-and a batch's future is done when every record of it is acknowledged.
+and a batch's future is done when every record of it is acknowledged. :class:`RdTxnProducer` is the
+same, transactional, one per input partition under ``exactly_once``.
 
 Errors are :class:`~arbiter.edge.kafkaio.KafkaIOError`.
 """
@@ -182,6 +183,10 @@ class RdGroup:
         offset: int | None = await self._request(lambda c: self._committed_of(c, tp),
                                                  f"reading the committed offset of {tp}")
         return offset
+
+    async def group_metadata(self) -> Any:
+        """The group's metadata as this member has it now (what a transaction's offsets are sent for)."""
+        return await self._request(lambda c: c.consumer_group_metadata(), "reading the group's metadata")
 
     async def commit(self, offsets: dict[Any, int]) -> None:
         """Commit ``offsets`` for the group; ``KafkaIOError`` if the coordinator refuses or is away."""
@@ -455,6 +460,91 @@ class RdProducer(PolledProducer):
                             headers: Headers | None = None) -> None:
         """Send one record and wait for its acknowledgement."""
         await (await self.send(topic, value, key=key, headers=headers))
+
+
+class RdTxnProducer(RdProducer):
+    """The transactional producer of one input partition (``exactly_once``): its ``transactional.id``
+    names the partition, so whichever worker takes the partition over makes one of the same id, whose
+    ``init_transactions`` fences this one and ends its open transaction before the changelog is read.
+
+    librdkafka's transaction calls block (they wait for the coordinator): each runs in a thread of the
+    loop's executor, while this producer's own thread keeps serving delivery reports. A failure says
+    what may follow (``TxnError``): ``fenced`` (another producer of this id took over: nothing more from
+    this one, not even an abort), else the transaction must be aborted before the next."""
+
+    def __init__(self, settings: Settings, transactional_id: str) -> None:
+        super().__init__(settings)
+        self.transactional_id = transactional_id
+
+    async def start(self) -> None:
+        settings = self.settings
+        self._start({
+            "acks": "all",
+            "enable.idempotence": True,
+            "transactional.id": self.transactional_id,
+            "transaction.timeout.ms": TXN_TIMEOUT_MS,
+            "linger.ms": settings.producer_linger_ms,
+            "partitioner": "murmur2_random",
+            "message.max.bytes": 2 * settings.max_message_bytes,
+            "message.timeout.ms": TXN_TIMEOUT_MS,
+        }, "arbiter-worker-txn-producer", "cannot make a transactional Kafka producer")
+        await self._txn(lambda p: p.init_transactions(REQUEST_S * 3), "starting transactions")
+
+    def begin(self) -> None:
+        """Begin a transaction (no round trip: the first record starts it on the broker)."""
+        producer = self._producer
+        if producer is None:
+            raise KafkaIOError("the transactional producer is not started", retriable=False)
+        try:
+            producer.begin_transaction()
+        except KafkaException as exc:
+            raise TxnError.of(exc, "beginning a transaction") from exc
+
+    async def send_offsets(self, offsets: dict[Any, int], group: Any) -> None:
+        """Make ``offsets`` (the next input to read, per partition) part of the transaction, for ``group``
+        (the consumer's group metadata, ``RdGroup.group_metadata``)."""
+        parts = [RdPartition(tp.topic, tp.partition, offset) for tp, offset in offsets.items()]
+        await self._txn(lambda p: p.send_offsets_to_transaction(parts, group, REQUEST_S), "adding offsets")
+
+    async def commit(self) -> None:
+        """Commit the transaction: its records and offsets are visible to read_committed readers at once."""
+        await self._txn(lambda p: p.commit_transaction(REQUEST_S), "committing a transaction")
+
+    async def abort(self) -> None:
+        """Abort the transaction: nothing of it is ever read."""
+        await self._txn(lambda p: p.abort_transaction(REQUEST_S), "aborting a transaction")
+
+    async def _txn(self, call: Callable[[Any], Any], what: str) -> None:
+        producer = self._producer
+        if producer is None:
+            raise KafkaIOError("the transactional producer is not started", retriable=False)
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, call, producer)
+        except KafkaException as exc:
+            raise TxnError.of(exc, what) from exc
+
+
+TXN_TIMEOUT_MS = 60_000
+"""How long the broker keeps a transaction of a producer that went silent open before it aborts it."""
+
+
+class TxnError(KafkaIOError):
+    """A transaction call failed; ``fenced``: another producer of the same id took over (this one is done),
+    else ``abortable``: abort, and the next transaction may succeed."""
+
+    def __init__(self, message: str, *, retriable: bool, fenced: bool, abortable: bool) -> None:
+        super().__init__(message, retriable=retriable)
+        self.fenced, self.abortable = fenced, abortable
+
+    @classmethod
+    def of(cls, exc: KafkaException, what: str) -> TxnError:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if err is None:
+            return cls(f"{what}: {exc}", retriable=False, fenced=False, abortable=True)
+        fenced = err.fatal() or err.code() in (KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
+                                               KafkaError.INVALID_PRODUCER_EPOCH)
+        return cls(f"{what}: {err.name()}: {err.str()}", retriable=err.retriable() and not fenced, fenced=fenced,
+                   abortable=not fenced and err.txn_requires_abort())
 
 
 class _Pending:

@@ -50,7 +50,7 @@ from types import FrameType
 from .compare_servers import Server, broker_pid, cpu_seconds, start_etcd, start_redis, start_zookeeper, worker_pids
 from .compare_sides import ArbiterSide, EtcdSide, Held, Locker, RedisSide, Side, ZooKeeperSide
 from .env import bench_arbiter
-from .runtime import floor_samples
+from .floor import one_produce, two_hops
 
 HOLD_S = 0.010  # how long a hand-off holder keeps the lock
 WAITERS = 8
@@ -86,6 +86,7 @@ class Result:
     seconds: float = 0.0  # wall time of the timed part
     broker_cpu: float = 0.0  # the shared broker's CPU meanwhile, whoever ran
     server_cpu_raw: float | None = None  # Arbiter's, before the broker's background was subtracted
+    worker_cpu: float | None = None  # Arbiter's worker alone (its servers' CPU less the broker's)
 
 
 def _client_cpu() -> float:
@@ -258,18 +259,18 @@ def subtract_background(arbiter: str, results: list[tuple[str, Result]]) -> floa
     for title, r in results:
         if title == arbiter:
             r.server_cpu_raw = r.server_cpu
+            r.worker_cpu = r.server_cpu - r.broker_cpu
             r.server_cpu -= min(r.broker_cpu, rate * r.seconds)
     return rate
 
 
-FLOOR = "floor"
-"""The floor row's workload name: one acknowledged acks=all produce on Arbiter's broker, no Arbiter."""
+FloorRun = Callable[[int], Awaitable[dict[str, list[float]]]]
 
 
 async def measure(sides: list[Side], sizes: Sizes, reps: int, say: Callable[[str], None],
-                  floor: Callable[[int], Awaitable[list[float]]] | None = None) -> Runs:
-    """Every workload on every side, ``reps`` times interleaved; with ``floor`` (ms per sample, as many
-    samples as the uncontended workload takes), the floor too, in each repetition."""
+                  floor: FloorRun | None = None) -> Runs:
+    """Every workload on every side, ``reps`` times interleaved; with ``floor`` (ms per sample by kind, as
+    many samples as the uncontended workload takes), the floor rows too, in each repetition."""
     runs = Runs()
     # Warm up each side (JIT, connections, caches, the worker's first books) before anything counts.
     for side in sides:
@@ -277,10 +278,10 @@ async def measure(sides: list[Side], sizes: Sizes, reps: int, say: Callable[[str
     for rep in range(1, reps + 1):
         this_rep: list[tuple[str, Result]] = []
         if floor is not None:
-            samples = await floor(sizes.uncontended)
-            runs.add(FLOOR, sides[0].title, Result(_quantile(samples, 50), _quantile(samples, 99), n=len(samples)))
-            say(f"rep {rep}/{reps} {FLOOR:11s} one acknowledged produce (acks=all): p50 {_quantile(samples, 50):.2f} "
-                f"ms p99 {_quantile(samples, 99):.2f} ms (n={len(samples)})")
+            for kind, samples in (await floor(sizes.uncontended)).items():
+                runs.add(kind, sides[0].title, Result(_quantile(samples, 50), _quantile(samples, 99), n=len(samples)))
+                say(f"rep {rep}/{reps} {kind:11s} p50 {_quantile(samples, 50):.2f} ms p99 "
+                    f"{_quantile(samples, 99):.2f} ms (n={len(samples)})")
         for workload, run in WORKLOADS:
             for side in sides:
                 tag = f"{rep}-{uuid.uuid4().hex[:6]}"
@@ -319,10 +320,14 @@ def _rate(value: float | None) -> str:
 def table(runs: Runs, titles: list[str], sizes: Sizes, reps: int) -> str:
     base = titles[0]
     rows: list[tuple[str, str, str, Callable[[float | None], str]]] = [
-        (f"0. floor: one acknowledged produce (acks=all) on {base}'s broker, p50", FLOOR, "p50_ms", _ms),
+        (f"0. floor, {base}'s client and broker: one acknowledged produce (acks=all), p50", ONE_PRODUCE, "p50_ms",
+         _ms),
+        ("   floor: two hops through a relay process, p50", TWO_HOPS, "p50_ms", _ms),
         (f"1. uncontended acquire p50 (n={sizes.uncontended})", "uncontended", "p50_ms", _ms),
         ("   uncontended acquire p99", "uncontended", "p99_ms", _ms),
         ("   CPU s: servers / client", "uncontended", "cpu", _ms),
+        ("   CPU µs a grant (and its release): worker / broker / SDK, or server / client", "uncontended", "pergrant",
+         _ms),
         (f"2. hand-off, {WAITERS} waiting: release to next grant, p50 (n={sizes.handoffs})", "handoff", "p50_ms",
          _ms),
         ("   hand-off p99", "handoff", "p99_ms", _ms),
@@ -330,15 +335,19 @@ def table(runs: Runs, titles: list[str], sizes: Sizes, reps: int) -> str:
         (f"3. {sizes.clients} clients, own names, {sizes.loop_seconds:.0f} s: grants/s", "clients", "rate", _rate),
         ("   acquire p50", "clients", "p50_ms", _ms),
         ("   CPU s: servers / client", "clients", "cpu", _ms),
+        ("   CPU µs a grant (and its release)", "clients", "pergrant", _ms),
         (f"4. burst of {sizes.burst:,} distinct names: grants/s", "burst", "rate", _rate),
         ("   CPU s: servers / client", "burst", "cpu", _ms),
+        ("   CPU µs a grant", "burst", "pergrant", _ms),
     ]
     lines = [f"| Workload (median of {reps}) | " + " | ".join(titles) + " |",
              "|---|" + "---|" * len(titles)]
     for label, workload, attribute, fmt in rows:
         cells = []
         for title in titles:
-            if attribute == "cpu":
+            if attribute == "pergrant":
+                cell = _per_grant(runs, workload, title)
+            elif attribute == "cpu":
                 server, client = runs.median(workload, title, "server_cpu"), runs.median(workload, title, "client_cpu")
                 cell = "n/a" if server is None or client is None else f"{server:.2f} / {client:.2f}"
                 raw = runs.median(workload, title, "server_cpu_raw")
@@ -346,7 +355,7 @@ def table(runs: Runs, titles: list[str], sizes: Sizes, reps: int) -> str:
                     cell += f" (raw {raw:.2f})"
                 if title != base:
                     cell += _ratio(server, runs.median(workload, base, "server_cpu")).replace(")", " servers)")
-            elif workload == FLOOR:
+            elif workload in (ONE_PRODUCE, TWO_HOPS):
                 cell = fmt(runs.median(workload, title, attribute)) if title == base else ""
             else:
                 value = runs.median(workload, title, attribute)
@@ -354,6 +363,29 @@ def table(runs: Runs, titles: list[str], sizes: Sizes, reps: int) -> str:
             cells.append(cell)
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+ONE_PRODUCE, TWO_HOPS = "floor-one", "floor-two"
+"""The floor rows' workloads: one acknowledged acks=all produce, and two hops through a relay, on Arbiter's
+broker with Arbiter's client (``bench.floor``), no Arbiter."""
+
+
+def _per_grant(runs: Runs, workload: str, title: str) -> str:
+    """Each process's CPU a grant: Arbiter's worker, broker (less its background) and SDK; another system's
+    server and client."""
+    results = runs.results.get((workload, title), [])
+    if not results or not all(r.n for r in results):
+        return "n/a"
+
+    def micros(values: list[float]) -> str:
+        return f"{statistics.median(values) * 1e6:,.0f}"
+
+    client = micros([r.client_cpu / r.n for r in results])
+    if all(r.worker_cpu is not None for r in results):
+        worker = micros([(r.worker_cpu or 0.0) / r.n for r in results])
+        broker = micros([(r.server_cpu - (r.worker_cpu or 0.0)) / r.n for r in results])
+        return f"{worker} / {broker} / {client}"
+    return f"{micros([r.server_cpu / r.n for r in results])} / {client}"
 
 
 FOOTNOTES = """\
@@ -365,8 +397,13 @@ ran (BACKGROUND CPU s/s, median of the repetitions) is taken off Arbiter's, time
 "raw" is before that. Arbiter runs one worker (all partitions); each system one server process.
 A client CPU close to the workload's length (the "in N s" of the lines above the table) means the
 client process, not the server, set the pace: kazoo's two threads per session do that in 3 and 4 here.
-The floor (row 0) is one record produced with acks=all on Arbiter's broker until acknowledged, no
-Arbiter: the least one durable write costs here (a grant on the topics is two hops, each more than that).
+The floor (row 0) is what Kafka itself costs here with the client Arbiter's SDK uses, no Arbiter
+(bench.floor): one record produced with acks=all until acknowledged (the least one durable write
+costs), and one record produced, read by a relay process that produces it to a second topic, and read
+back (a grant on the topics is those two hops, plus signing, deciding and the changelog).
+CPU µs a grant: each process's CPU over the workload divided by the grants (for 1 and 3, each with its
+release): for Arbiter its worker, its broker (less the background above) and the SDK (this process);
+for the others their server and this process.
 Clients: Arbiter's SDK (each command and inbox message signed and verified); etcd's own lock
 service (v3lock, as `etcdctl lock`) over native gRPC (grpcio), one channel and session lease per client;
 kazoo's Lock recipe (kazoo blocks, so its calls run on threads); redis-py's asyncio Lock with its
@@ -426,9 +463,8 @@ async def _run(servers: dict[str, Server], sizes: Sizes, reps: int) -> tuple[Run
         _say(f"Arbiter: broker pid {broker}, worker pid(s) {workers}; " + ", ".join(
             f"{s.name} pid {s.pid} port {s.port}" for s in servers.values()))
         try:
-            async def floor(count: int) -> list[float]:
-                acked, _seen = await floor_samples(settings, count)
-                return acked
+            async def floor(count: int) -> dict[str, list[float]]:
+                return {ONE_PRODUCE: await one_produce(settings, count), TWO_HOPS: await two_hops(settings, count)}
 
             runs = await measure(sides, sizes, reps, _say, floor)
         finally:

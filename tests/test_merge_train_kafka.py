@@ -300,3 +300,50 @@ async def test_a_runner_started_before_its_repository_exists_checks_it_once_it_d
         runner.stop()
     assert (stack.repo / "late.txt").exists()
     await assert_clean_audit(stack.settings)
+
+
+def _checks_running(stack: Stack) -> list[int]:
+    """The pids of the stack's check command running now (from /proc: what a runner left behind is here)."""
+    script = str(stack.checks.parent.parent / "check.py").encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as cmdline:
+                    if script in cmdline.read():
+                        found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+async def _until(condition: Any, timeout: float, what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await asyncio.to_thread(condition):
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def test_a_runner_killed_mid_check_leaves_nothing_running_and_the_next_runner_lands_the_merge_once(
+        stack: Stack) -> None:
+    """A runner killed (SIGKILL) while its check runs: the check dies with it (nothing runs on past its limits
+    with nobody to stop it), and a runner started after reads the train from the log and lands the merge
+    once, on a check of its own."""
+    agent = stack.agent("ann", {"ann.txt": "ann"})
+    await ready(agent)
+    await joined(stack, 1)
+    runner = stack.runner(depth=1)
+    await _until(lambda: _checks_running(stack), 60, "the runner never started the check")
+    runner.kill()
+    await _until(lambda: not _checks_running(stack), 10, "the check outlived its runner")
+    second = stack.runner(depth=1)
+    try:
+        outcome = await answer(agent)
+    finally:
+        second.stop()
+    assert outcome["applied"], outcome
+    assert sh(stack.repo, "log", "--first-parent", "--format=%s", "main").splitlines()[0] == "ann: merge"
+    runs = [json.loads(line) for line in stack.checks.read_text().splitlines()]
+    assert len(runs) == 1 and runs[0]["passed"], "only the second runner's check ran to its end"
+    report = await assert_clean_audit(stack.settings)
+    assert report["stats"]["merges_landed"] == 1, report["stats"]

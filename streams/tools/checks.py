@@ -237,7 +237,7 @@ def _setpriv(setpriv: str, account: _Account) -> list[str]:
     """``setpriv`` to ``account``, keeping nothing of root's: no groups, no capability (none inheritable, none
     a set-user-ID or file-capability program could get back: empty bounding set, no new privileges)."""
     return [setpriv, f"--reuid={account.uid}", f"--regid={account.gid}", "--clear-groups", "--inh-caps=-all",
-            "--bounding-set=-all", "--no-new-privs", "--"]
+            "--bounding-set=-all", "--no-new-privs", "--pdeathsig=KILL", "--"]
 
 
 _namespace_probe = threading.Lock()
@@ -287,9 +287,12 @@ def _command(argv: list[str], account: _Account) -> tuple[list[str], dict[str, A
         return argv, {"user": account.uid, "group": account.gid, "extra_groups": []}
     # Started as root: unshare's child, the namespace's first process, becomes the check user and then the
     # check itself, so the kernel kills the whole namespace when the check ends. (--kill-child's signal does
-    # not outlive that change of user: _stop kills the check itself.)
+    # not outlive that change of user: _stop kills the check itself.) Each is killed when its parent dies
+    # (--pdeathsig, set again after the change of user, which clears it): a runner killed mid-check leaves
+    # no check running on with nobody to stop it at its limits.
     unshare, setpriv = tools
-    return [unshare, "--pid", "--fork", "--kill-child", *_setpriv(setpriv, account), *argv], {}
+    return [setpriv, "--pdeathsig=KILL", unshare, "--pid", "--fork", "--kill-child", *_setpriv(setpriv, account),
+            *argv], {}
 
 
 class _Output:

@@ -174,6 +174,13 @@ class Settings(BaseSettings):
     heartbeat_interval: float = Field(default=0.3, gt=0)
     """Seconds between consumer heartbeats (at most a third of the session timeout). faust: 3."""
 
+    group_protocol: Literal["classic", "consumer"] = "classic"
+    """The workers' consumer group protocol: ``classic`` (eager rebalances: every member stops while the
+    group rebalances; the session and heartbeat above are the client's), or ``consumer`` (KIP-848, Kafka
+    4.0+: the broker assigns, incrementally, and a member keeps deciding the partitions it keeps; the
+    session and heartbeat are the brokers' group.consumer.session.timeout.ms and
+    group.consumer.heartbeat.interval.ms, which 'arbiter kafka up' sets to 1.2 s and 0.3 s)."""
+
     producer_linger_ms: int = Field(default=0, ge=0)
     """Producer batching delay."""
 

@@ -554,6 +554,11 @@ class LocalKafka:
             # Workers use short session timeouts (fast failover: ARBITER_SESSION_TIMEOUT, 2 s);
             # Kafka's default minimum is 6 s.
             "group.min.session.timeout.ms": "1000",
+            # The same for workers on KIP-848's consumer protocol, whose session is the broker's.
+            "group.consumer.min.session.timeout.ms": "1000",
+            "group.consumer.session.timeout.ms": "1200",
+            "group.consumer.min.heartbeat.interval.ms": "300",
+            "group.consumer.heartbeat.interval.ms": "300",
             # Topics are created by `arbiter topics create`, never by a typo.
             "auto.create.topics.enable": "false",
             "message.max.bytes": str(2 * s.max_message_bytes),

@@ -89,22 +89,30 @@ class RdGroup:
                  rebalance_ms: int, max_batch: int) -> None:
         self.settings = settings
         self._errors = _Errors("worker consumer")
+        self.incremental = settings.group_protocol == "consumer"
+        """KIP-848's protocol: the broker assigns, and each rebalance adds or takes some partitions only."""
+        # Under KIP-848 the session, the heartbeat and the assignor are the broker's: its range assignor, which
+        # gives each member the same partitions of every input topic (co-partitioned, as the classic one did).
+        classic = {"group.remote.assignor": "range"} if self.incremental else {
+            "session.timeout.ms": session_ms,
+            "heartbeat.interval.ms": heartbeat_ms,
+            "partition.assignment.strategy": "roundrobin",  # (aiokafka's default: the two can share a group)
+        }
         self._config = {
             **_common(settings, self._errors),
             "client.id": client_id,
             "group.id": group_id,
+            "group.protocol": settings.group_protocol,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
             "fetch.wait.max.ms": settings.fetch_max_wait_ms,
             "fetch.error.backoff.ms": 10,
-            "session.timeout.ms": session_ms,
-            "heartbeat.interval.ms": heartbeat_ms,
             # librdkafka's rebalance timeout is its max poll interval; a restore runs inside the callback.
             "max.poll.interval.ms": max(rebalance_ms, 300_000),
             "max.partition.fetch.bytes": 2 * settings.max_message_bytes,
-            "partition.assignment.strategy": "roundrobin",  # (aiokafka's default: the two can share a group)
+            **classic,
         }
         self._max_batch = max_batch
         self._consumer: Consumer | None = None
@@ -365,20 +373,69 @@ class RdGroup:
         self._in_loop(consumer, revoke)
         for tp in revoked:
             self._fetching.pop(tp, None)
+        if self.incremental:
+            # Only these go: the listener hears of what stays as after any rebalance (an assignment).
+            consumer.incremental_unassign(partitions)
+            self._assign(consumer, set())
 
     def _on_assign(self, consumer: Consumer, partitions: list[RdPartition]) -> None:
         if self._closing or self._listener is None:
             return
-        assigned = {Partition(p.topic, p.partition) for p in partitions}
+        added = {Partition(p.topic, p.partition) for p in partitions}
+        if self.incremental:
+            self._assign(consumer, added)
+            return
+        self._assign_all(consumer, added)
+
+    def _assign(self, consumer: Consumer, added: set[Partition]) -> None:
+        """KIP-848: ``added`` join what this member keeps; the listener hears the whole assignment, and the
+        offsets it seeks are where the added ones start (the kept ones are sought where they are)."""
         listener = self._listener
-        try:  # one request for every partition's committed offset, not one each
-            found = consumer.committed([RdPartition(tp.topic, tp.partition) for tp in sorted(assigned)],
+        assert listener is not None
+        self._committed = self._committed_offsets(consumer, added)
+        self._placing = {}
+        whole = self._assigned | added
+
+        async def assign() -> None:
+            for tp in added:
+                self._epoch[tp] = self._epoch.get(tp, 0) + 1
+                self._next[tp] = self._committed.get(tp) or 0
+            self._assigned = set(whole)
+            epochs = dict(self._epoch)
+            self._ask(lambda _c: self._fetching.update({tp: epochs[tp] for tp in added}))
+            await listener.on_partitions_assigned(set(whole))
+
+        try:
+            self._in_loop(consumer, assign)
+            self._obey(consumer)
+        finally:
+            placing, self._placing, self._committed = self._placing, None, {}
+        if added:
+            consumer.incremental_assign([RdPartition(tp.topic, tp.partition, placing.get(tp, OFFSET_STORED))
+                                         for tp in sorted(added)])
+        for tp, offset in sorted(placing.items()):
+            if tp not in added:
+                self._seek(consumer, tp, offset, self._fetching.get(tp, 0))
+
+    def _committed_offsets(self, consumer: Consumer, tps: set[Partition]) -> dict[Partition, int | None]:
+        """The group's committed offsets of ``tps``, in one request ({} when it fails: each is asked again)."""
+        if not tps:
+            return {}
+        try:
+            found = consumer.committed([RdPartition(tp.topic, tp.partition) for tp in sorted(tps)],
                                        timeout=REQUEST_S)
-            self._committed = {Partition(p.topic, p.partition): (p.offset if p.offset >= 0 else None)
-                               for p in found if p.error is None}
         except KafkaException as exc:
             log.warning("reading the committed offsets of a new assignment: %s", exc)
-            self._committed = {}
+            return {}
+        return {Partition(p.topic, p.partition): (p.offset if p.offset >= 0 else None)
+                for p in found if p.error is None}
+
+    def _assign_all(self, consumer: Consumer, assigned: set[Partition]) -> None:
+        """The classic protocol: ``assigned`` is the whole assignment, all of it fetched from where the
+        listener seeks (else the committed offset)."""
+        listener = self._listener
+        assert listener is not None
+        self._committed = self._committed_offsets(consumer, assigned)  # one request for all, not one each
         self._placing = {}
 
         async def assign() -> None:

@@ -14,8 +14,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 
+import aiokafka
 import pytest
-from aiokafka import AIOKafkaProducer
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from arbiter.edge.kafkaio import CLIENTS, Fetch, KafkaIOError, Reader, Received, Sender, reader_for, sender_for
 from arbiter.edge.settings import Settings
@@ -254,6 +255,44 @@ async def test_a_tail_reads_to_an_end_behind_a_commit_marker_and_from_a_start_cl
         low = (await early.starts())[tp]
         assert early.begun[tp] == low and late.begun[tp] == before + 3
         assert await asyncio.wait_for(late.read_to_end(), WAIT_S) == []
+
+
+async def test_append_puts_a_record_on_the_partition_given_and_says_where(settings: Settings, sender: Sender,
+                                                                        reader: Reader) -> None:
+    topic = settings.topics.agent_inbox
+    ends = {p: await reader.end_offset(topic, p) for p in (0, 1)}
+    for p in (0, 1):
+        reader.add(topic, p, ends[p])
+    misdirected = await sender.append(topic, key_on(0), b"on 1", [("sig", b"s")], partition=1)
+    own = await sender.append(topic, key_on(1, "own"), b"its key's", None)
+    keyless = await sender.append(topic, None, b"no key", None)
+    keyless_on_0 = await sender.append(topic, None, b"no key, on 0", None, partition=0)
+    assert misdirected == (1, ends[1]) and own[0] == 1 and keyless[0] in (0, 1) and keyless_on_0[0] == 0
+    got = {(r.partition, r.offset): r for r in await read_until(reader, 4)}
+    assert set(got) == {misdirected, own, keyless, keyless_on_0}  # where each one said it went, once
+    assert (got[misdirected].key, got[misdirected].value, got[misdirected].headers) == (key_on(0), b"on 1",
+                                                                                          [("sig", b"s")])
+    assert (got[own].value, got[keyless].key, got[keyless].value) == (b"its key's", None, b"no key")
+    assert (got[keyless_on_0].key, got[keyless_on_0].value) == (None, b"no key, on 0")
+
+
+async def test_committed_says_what_a_group_committed_and_nothing_where_it_did_not(settings: Settings, sender: Sender,
+                                                                                 reader: Reader) -> None:
+    topic, group = settings.topics.agent_inbox, f"g-{uuid.uuid4().hex}"
+    for i in range(5):
+        await sender.send(topic, key_on(0), str(i).encode(), None)
+    tp0, tp1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    assert await reader.committed(group, [tp0, tp1]) == {}
+    member = AIOKafkaConsumer(bootstrap_servers=settings.bootstrap, group_id=group, enable_auto_commit=False)
+    await member.start()
+    try:
+        own = aiokafka.TopicPartition(topic, 0)
+        member.assign([own])
+        await member.commit({own: 3})
+    finally:
+        await member.stop()
+    assert await reader.committed(group, [tp0, tp1]) == {tp0: 3}
+    assert await reader.committed(group, [tp1]) == {}
 
 
 async def test_a_record_too_large_is_refused_for_good(settings: Settings, sender: Sender) -> None:

@@ -1,4 +1,5 @@
-"""The Kafka seam: the few operations the SDK and the front door need, behind one interface.
+"""The Kafka seam: the few operations the SDK, the front door, the audit, enrollment and chaos need,
+behind one interface.
 
 Theory of operation
 -------------------
@@ -17,6 +18,11 @@ and hands out only records at or after it, so a batch fetched before an ``add`` 
 took effect is never handed out twice, out of order, or for a partition no longer read.
 Committed records only (``read_committed``): workers under ``exactly_once`` write in
 transactions, and an aborted one is never acted on.
+
+Two operations serve tools, not the request path: :meth:`Sender.append` puts a record on a
+partition the caller chooses and says where it landed (chaos and the demo's rogue agent inject
+records the workers must refuse, and look for each refusal's cause), and :meth:`Reader.committed`
+asks what a consumer group committed (chaos waits until the workers processed every input).
 
 Errors are :class:`KafkaIOError`, with ``retriable`` saying whether the same call may succeed
 later (a broker restarting, a leader moving) or never will (a record too large, no access).
@@ -94,6 +100,13 @@ class Sender(Protocol):
     async def send(self, topic: str, key: bytes, value: bytes, headers: Headers | None) -> None:
         """Append one record to the partition ``key`` maps to; return once it is acknowledged."""
 
+    async def append(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None,
+                     partition: int | None = None) -> tuple[int, int]:
+        """``send``, as given, saying where the record went: (partition, offset). ``partition`` puts it
+        there whatever ``key`` hashes to; a None key goes to a partition picked at random (unless given).
+        For records a fault campaign or a rogue agent injects to see the workers refuse them; the SDK
+        uses ``send``."""
+
 
 class Reader(Protocol):
     """Reads the committed records of the partitions it is told, each from an offset it is told."""
@@ -113,6 +126,10 @@ class Reader(Protocol):
 
     async def partitions(self, topic: str) -> int | None:
         """How many partitions ``topic`` has (None: there is no such topic)."""
+
+    async def committed(self, group: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        """The offsets consumer group ``group`` committed, for those of ``partitions`` it committed one
+        (the reader joins no group: this only asks)."""
 
     async def position(self, topic: str, partition: int) -> int:
         """The offset after the last record of a read partition handed out, and past any transaction

@@ -15,12 +15,14 @@ import asyncio
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
 
 from ..kafkaauth import kafka_client_options
 from ..kafkaconn import close_client
 from ..settings import Settings
 from . import METADATA_TIMEOUT_S, Fetch, Headers, KafkaIOError, Positions, Received
+from . import TopicPartition as Partition
 
 
 def io_error(exc: KafkaError, what: str) -> KafkaIOError:
@@ -76,6 +78,17 @@ class AioSender:
         except KafkaError as exc:
             raise io_error(exc, f"Kafka did not take a record for {topic}") from exc
 
+    async def append(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None,
+                     partition: int | None = None) -> tuple[int, int]:
+        if self.producer is None:
+            raise KafkaIOError("the sender is not started", retriable=False)
+        try:
+            meta = await self.producer.send_and_wait(topic, key=key, value=value, headers=headers,
+                                                     partition=partition)
+        except KafkaError as exc:
+            raise io_error(exc, f"Kafka did not take a record for {topic}") from exc
+        return int(meta.partition), int(meta.offset)
+
 
 class AioReader:
     """Reads through one ``AIOKafkaConsumer`` without a group."""
@@ -84,6 +97,8 @@ class AioReader:
         self.settings = settings
         self.fetch = fetch or Fetch()
         self.consumer: AIOKafkaConsumer | None = None
+        self._admin: AIOKafkaAdminClient | None = None
+        """For ``committed`` alone (a consumer without a group cannot ask a group's offsets)."""
         self._positions = Positions()
         self._topics: dict[str, int] = {}
 
@@ -108,8 +123,10 @@ class AioReader:
 
     async def stop(self) -> None:
         consumer, self.consumer = self.consumer, None
-        if consumer is not None:
-            await close_client(consumer)
+        admin, self._admin = self._admin, None
+        for client in (admin, consumer):
+            if client is not None:
+                await close_client(client)
 
     async def end_offset(self, topic: str, partition: int) -> int:
         consumer = self._started()
@@ -149,6 +166,29 @@ class AioReader:
             return None
         self._topics.setdefault(topic, len(found))
         return len(found)
+
+    async def committed(self, group: str, partitions: list[Partition]) -> dict[Partition, int]:
+        self._started()
+        try:
+            async with asyncio.timeout(METADATA_TIMEOUT_S):
+                if self._admin is None:
+                    admin = AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap,
+                                                **kafka_client_options(self.settings))
+                    try:
+                        await admin.start()
+                    except BaseException:
+                        await close_client(admin)
+                        raise
+                    self._admin = admin
+                found = await self._admin.list_consumer_group_offsets(
+                    group, partitions=[TopicPartition(t, p) for t, p in partitions])
+        except KafkaError as exc:
+            raise io_error(exc, f"reading the offsets group {group} committed") from exc
+        except TimeoutError:
+            raise KafkaIOError(f"the offsets group {group} committed: no answer within {METADATA_TIMEOUT_S:g} s",
+                               retriable=True) from None
+        return {Partition(tp.topic, tp.partition): int(meta.offset) for tp, meta in found.items()
+                if meta.offset >= 0}  # (-1: none committed)
 
     async def position(self, topic: str, partition: int) -> int:
         consumer = self._started()
@@ -198,7 +238,10 @@ class AioReader:
         if not self._positions.next:
             await asyncio.sleep(timeout)  # (getmany with nothing assigned would not wait)
             return []
-        batches: dict[Any, list[Any]] = await consumer.getmany(timeout_ms=int(timeout * 1000))
+        try:
+            batches: dict[Any, list[Any]] = await consumer.getmany(timeout_ms=int(timeout * 1000))
+        except KafkaError as exc:  # (no access, say: aiokafka retries what passes by itself)
+            raise io_error(exc, "reading records") from exc
         admit = self._positions.admit
         records = []
         for messages in batches.values():

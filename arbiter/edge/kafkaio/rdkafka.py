@@ -35,12 +35,14 @@ from concurrent.futures import Future as ThreadFuture
 from functools import partial
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from ..kafkaauth import rdkafka_options
 from ..kafkaconn import Repeats
 from ..settings import Settings
 from . import METADATA_TIMEOUT_S, Fetch, Headers, KafkaIOError, Positions, Received
+from . import TopicPartition as Partition
 
 log = logging.getLogger("arbiter.kafka")
 _librdkafka = logging.getLogger("arbiter.kafka.librdkafka")
@@ -145,6 +147,15 @@ def _settle(fut: asyncio.Future[None], err: KafkaError | None) -> None:
         return  # the sender gave up on it (a timeout); the report is of no use now
     if err is None:
         fut.set_result(None)
+    else:
+        fut.set_exception(io_error(err, "Kafka did not take the record"))
+
+
+def _settle_placed(fut: asyncio.Future[tuple[int, int]], where: tuple[int, int], err: KafkaError | None) -> None:
+    if fut.done():
+        return
+    if err is None:
+        fut.set_result(where)
     else:
         fut.set_exception(io_error(err, "Kafka did not take the record"))
 
@@ -270,6 +281,29 @@ class RdSender(PolledProducer):
                 raise io_error(exc, f"Kafka refused a record for {topic}") from exc
         await fut
 
+    async def append(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None,
+                     partition: int | None = None) -> tuple[int, int]:
+        producer, loop = self._producer, self._loop
+        if producer is None or loop is None:
+            raise KafkaIOError("the sender is not started", retriable=False)
+        fut: asyncio.Future[tuple[int, int]] = loop.create_future()
+        report = partial(self._placed, fut)
+        extra: list[tuple[str, str | bytes | None]] | None = list(headers) if headers else None
+        where = -1 if partition is None else partition  # (librdkafka's "unassigned": the partitioner's)
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key, partition=where, headers=extra, on_delivery=report)
+                break
+            except BufferError:
+                await asyncio.sleep(0.002)
+            except KafkaException as exc:
+                raise io_error(exc, f"Kafka refused a record for {topic}") from exc
+        return await fut
+
+    def _placed(self, fut: asyncio.Future[tuple[int, int]], err: KafkaError | None, msg: Any) -> None:
+        """``append``'s delivery callback (in the polling thread): its report says where the record went."""
+        self._reports.append((partial(_settle_placed, fut, (msg.partition(), msg.offset())), err))
+
 
 def _settle_all(reports: list[tuple[Settle, KafkaError | None]]) -> None:
     for settle, err in reports:
@@ -298,6 +332,8 @@ class RdReader:
         self._arrived: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._consumer: Consumer | None = None
+        self._admin: AdminClient | None = None
+        """For ``committed`` alone (the consumer asks for its own group's offsets only); made on first use."""
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
@@ -326,6 +362,7 @@ class RdReader:
         self._thread.start()
 
     async def stop(self) -> None:
+        self._admin = None  # (an admin client has no close: dropped, it disconnects)
         thread, self._thread = self._thread, None
         if thread is None:
             return
@@ -358,6 +395,23 @@ class RdReader:
     async def partitions(self, topic: str) -> int | None:
         answer: int | None = await self._ask("meta", topic, -1)
         return answer
+
+    async def committed(self, group: str, partitions: list[Partition]) -> dict[Partition, int]:
+        if self._thread is None:
+            raise KafkaIOError("the reader is not started", retriable=False)
+        if self._admin is None:
+            self._admin = AdminClient(_common(self.settings, _Errors("admin")))
+        admin = self._admin
+        request = ConsumerGroupTopicPartitions(group, [TopicPartition(t, p) for t, p in partitions])
+        try:
+            futures = admin.list_consumer_group_offsets([request], request_timeout=METADATA_TIMEOUT_S)
+            answer = await asyncio.wrap_future(futures[group])
+        except KafkaException as exc:
+            raise io_error(exc, f"reading the offsets group {group} committed") from exc
+        finally:
+            admin.poll(0)  # (hands on the log lines it queued meanwhile)
+        return {Partition(tp.topic, tp.partition): int(tp.offset) for tp in answer.topic_partitions or []
+                if tp.error is None and tp.offset >= 0}  # (none committed: OFFSET_INVALID, below 0)
 
     async def position(self, topic: str, partition: int) -> int:
         tp = (topic, partition)

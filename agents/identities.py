@@ -9,17 +9,15 @@ handed back once for a secret store; only its public half is published.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
-from aiokafka import AIOKafkaProducer
-
 from arbiter.edge.clock import now_ms
-from arbiter.edge.kafkaauth import kafka_client_options
-from arbiter.edge.kafkaconn import started
+from arbiter.edge.kafkaio import Sender, sender_for
 from arbiter.edge.keys import (
     anchors_for,
     identity_problem,
@@ -76,6 +74,20 @@ def admin_signer(home: Path, create: bool = True) -> Signer:
     return _read_settled(path, ROLE_ADMIN)
 
 
+@contextlib.asynccontextmanager
+async def _sending(settings: Settings, topic: str) -> AsyncIterator[Sender]:
+    """A sender to ``topic`` for a few records, stopped on the way out (a failed start included)."""
+    sender = sender_for(settings)
+    try:
+        await sender.start()
+        # A sender may start without a broker (librdkafka connects on its first call): asking for the topic
+        # says "no broker answers" (or "no such topic") now, not at the send's deadline.
+        await sender.partitions(topic)
+        yield sender
+    finally:
+        await sender.stop()
+
+
 async def _until(at_ms: int) -> None:
     """Return once the wall clock reaches ``at_ms``: when a rotation or revocation takes effect."""
     await asyncio.sleep(max(0, at_ms - now_ms()) / 1000)
@@ -101,14 +113,12 @@ class Registrar:
 
     async def publish(self, entries: Iterable[IdentityRegistered]) -> None:
         """Write registry records, each signed by the admin key."""
-        async with started(AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0,
-                                            **kafka_client_options(self.settings))) as producer:
-            topic = self.settings.topics.registry
+        topic = self.settings.topics.registry
+        async with _sending(self.settings, topic) as sender:
             for entry in entries:
                 value = self.codec.encode(entry)
                 key = entry.key_id.encode()
-                headers = self.admin.sign(topic, key, value, now_ms())
-                await producer.send_and_wait(topic, value, key=key, headers=headers)
+                await sender.send(topic, key, value, self.admin.sign(topic, key, value, now_ms()))
 
     async def add(self, name: str, *, role: str = ROLE_AGENT, tenant: str = "", allow: Iterable[str] = (),
                   keep_key: bool = True) -> Signer:
@@ -273,11 +283,10 @@ class Operator:
         self.codec = default_codec(settings.max_message_bytes)
 
     async def _send(self, topic: str, key: str, record: Record) -> None:
-        async with started(AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0,
-                                            **kafka_client_options(self.settings))) as producer:
+        async with _sending(self.settings, topic) as sender:
             value = self.codec.encode(record)
             raw = key.encode()
-            await producer.send_and_wait(topic, value, key=raw, headers=self.admin.sign(topic, raw, value, now_ms()))
+            await sender.send(topic, raw, value, self.admin.sign(topic, raw, value, now_ms()))
 
     async def revoke(self, resource: str, agent_id: str, reason: str, token: int | None = None) -> str:
         """Force-release ``agent_id``'s lease (or queued request) on ``resource``; the request id."""

@@ -27,8 +27,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from aiokafka.errors import KafkaError
-
 from arbiter.agents import hub as hubs
 from arbiter.agents.errors import ArbiterError, ArbiterUnavailable
 from arbiter.agents.identities import ensure_identity
@@ -102,7 +100,7 @@ class KafkaTransport:
             if self._signer is None:
                 self._signer = await self._identity()  # (enrolling reads the registry from Kafka)
             hub = await hubs.join(self.settings, self.agent_id, self)
-        except (KafkaError, KafkaIOError) as exc:  # (enrolling and the registry feed are on aiokafka)
+        except KafkaIOError as exc:  # (enrolling, the registry feed and the hub are all on the seam)
             raise ArbiterUnavailable(f"Kafka at {self.settings.bootstrap} could not be reached: "
                                      f"{describe(exc)}") from exc
         self._feed = hub.feed

@@ -44,12 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-
 from arbiter.agents import ArbiterClient
 from arbiter.edge.clock import now_ms
-from arbiter.edge.kafkaauth import kafka_client_options
-from arbiter.edge.kafkaconn import close_client
+from arbiter.edge.kafkaio import Sender, sender_for
 from arbiter.edge.tail import Tail
 from arbiter.processes import settings_env
 from arbiter.schemas import (
@@ -457,16 +454,15 @@ class Duplicates(Campaign):
     sent: list[tuple[str, int, bytes | None, bytes, list[tuple[str, bytes]], Record]] = field(default_factory=list)
     copies: list[dict[str, Any]] = field(default_factory=list)
     _tail: Tail | None = None
-    _producer: AIOKafkaProducer | None = None
+    _sender: Sender | None = None
 
     async def setup(self) -> None:
         s = self.rig.settings
         self._tail = Tail(s, [s.topics.resource_commands], start="beginning", isolation_level="read_uncommitted",
                           on_message=self._keep)
         await self._tail.start()
-        self._producer = AIOKafkaProducer(bootstrap_servers=s.bootstrap, acks="all", linger_ms=0,
-                                          **kafka_client_options(s))
-        await self._producer.start()
+        self._sender = sender_for(s)
+        await self._sender.start()
 
     def _keep(self, m: Any, record: Record | None) -> None:
         if isinstance(record, _COPIED) and record.agent_id.startswith("agent-") and m.headers:
@@ -475,20 +471,20 @@ class Duplicates(Campaign):
     async def teardown(self) -> None:
         if self._tail is not None:
             await self._tail.stop()
-        if self._producer is not None:
-            await close_client(self._producer)
+        if self._sender is not None:
+            await self._sender.stop()
 
     async def run(self) -> None:
-        assert self._producer is not None
+        assert self._sender is not None
         while not await self.pause(self.every):
             if not self.sent:
                 continue
             recent = self.sent[-5:]
             older = self.rng.sample(self.sent, min(self.per_burst - len(recent), len(self.sent)))
             for topic, partition, key, value, headers, record in [*older, *recent]:
-                meta = await self._producer.send_and_wait(topic, value, key=key, partition=partition, headers=headers)
+                at, offset = await self._sender.append(topic, key, value, headers, partition=partition)
                 self.copies.append({"kind": type(record).__name__, "id": _id_of(record),
-                                    "copy_at": f"{meta.topic}[{meta.partition}]@{meta.offset}"})
+                                    "copy_at": f"{topic}[{at}]@{offset}"})
             self.faults.append({"at_s": self.at(), "fault": f"{len(older) + len(recent)} copies re-produced"})
 
     def verify(self, log: Any) -> list[Check]:
@@ -544,21 +540,19 @@ class Malformed(Campaign):
     name: str = "malformed"
     injected: dict[str, str] = field(default_factory=dict)
     """Position (``topic[p]@offset``) -> what was injected there."""
-    _producer: AIOKafkaProducer | None = None
+    _sender: Sender | None = None
     refusals: dict[str, str] = field(default_factory=dict)
 
     def agents(self) -> dict[str, list[str]]:
         return {"intruder": [f"account:{self.rig.tag}-x"]}
 
     async def setup(self) -> None:
-        s = self.rig.settings
-        self._producer = AIOKafkaProducer(bootstrap_servers=s.bootstrap, acks="all", linger_ms=5,
-                                          max_request_size=4 * s.max_message_bytes, **kafka_client_options(s))
-        await self._producer.start()
+        self._sender = sender_for(self.rig.settings)
+        await self._sender.start()
 
     async def teardown(self) -> None:
-        if self._producer is not None:
-            await close_client(self._producer)
+        if self._sender is not None:
+            await self._sender.stop()
 
     def _records(self) -> list[tuple[str, str, bytes | None, bytes, list[tuple[str, bytes]] | None, int | None]]:
         """One of each kind: (what, topic, key, value, headers, partition: None for the key's own)."""
@@ -626,14 +620,15 @@ class Malformed(Campaign):
         return out
 
     async def run(self) -> None:
-        assert self._producer is not None
+        sender = self._sender
+        assert sender is not None
         while not await self.pause(self.every):
             burst = self._records() + self._records()
-            futures = [(what, await self._producer.send(topic, value, key=key, headers=headers, partition=partition))
-                       for what, topic, key, value, headers, partition in burst]
-            for what, future in futures:
-                meta = await future
-                self.injected[f"{meta.topic}[{meta.partition}]@{meta.offset}"] = what
+            # (in flight together, as a burst is: not each waiting for the one before)
+            placed = await asyncio.gather(*(sender.append(topic, key, value, headers, partition=partition)
+                                            for _what, topic, key, value, headers, partition in burst))
+            for (what, topic, *_), (partition, offset) in zip(burst, placed, strict=True):
+                self.injected[f"{topic}[{partition}]@{offset}"] = what
             self.faults.append({"at_s": self.at(), "fault": f"{len(burst)} malformed records"})
 
     def verify(self, log: Any) -> list[Check]:

@@ -27,18 +27,14 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
-
 from arbiter.agents import ArbiterClient, ArbiterError
 from arbiter.edge.kafkaauth import kafka_client_options
-from arbiter.edge.kafkaconn import started
-from arbiter.edge.kafkaio import Received
+from arbiter.edge.kafkaio import Fetch, Reader, Received, TopicPartition, reader_for
 from arbiter.edge.settings import Settings, Topics
 from arbiter.edge.tail import Tail
 from arbiter.kafka import LocalKafka, LocalKafkaError, broker_answers
@@ -292,21 +288,18 @@ class Rig:
         t = self.settings.topics
         tps = [TopicPartition(topic, p) for topic in (t.resource_commands, t.wait_edges, t.saga_commands)
                for p in range(self.settings.partitions)]
-        async with started(AIOKafkaConsumer(bootstrap_servers=self.settings.bootstrap, group_id=None,
-                                            **kafka_client_options(self.settings))) as reader:
-            return dict(await reader.end_offsets(tps))
+        async with _reading(self.settings) as reader:
+            return {tp: await reader.end_offset(*tp) for tp in tps}
 
     async def wait_processed(self, ends: dict[TopicPartition, int], timeout: float = 120.0) -> float:
         """Wait until the workers' consumer group has committed every input up to ``ends`` (replacing
         workers that exit meanwhile). Returns the seconds it took."""
-        async with started(AIOKafkaAdminClient(bootstrap_servers=self.settings.bootstrap,
-                                               **kafka_client_options(self.settings))) as admin:
+        async with _reading(self.settings) as reader:
             began = time.monotonic()
             while True:
                 self.supervise()
-                committed = await admin.list_consumer_group_offsets(self.settings.app_id)
-                behind = {f"{tp.topic}[{tp.partition}]": end - (committed[tp].offset if tp in committed else 0)
-                          for tp, end in ends.items()}
+                committed = await reader.committed(self.settings.app_id, list(ends))
+                behind = {f"{tp.topic}[{tp.partition}]": end - committed.get(tp, 0) for tp, end in ends.items()}
                 if all(lag <= 0 for lag in behind.values()):
                     return time.monotonic() - began
                 if time.monotonic() - began > timeout:
@@ -329,6 +322,18 @@ class Rig:
     async def delete_topics(self) -> int:
         """Delete the run's topics and changelogs (the archive keeps the log); how many."""
         return await delete_topics_named(self.settings, (f"arbiter.chaos.{self.run}.", f"{self.settings.app_id}-"))
+
+
+@contextlib.asynccontextmanager
+async def _reading(settings: Settings) -> AsyncIterator[Reader]:
+    """A reader that reads no records: for the ends of partitions and a group's offsets. Its ends are after
+    every record written (``read_uncommitted``), an open transaction's too: the inputs sent are all waited for."""
+    reader = reader_for(settings, Fetch(isolation_level="read_uncommitted"))
+    try:
+        await reader.start()
+        yield reader
+    finally:
+        await reader.stop()
 
 
 async def close_quietly(*clients: ArbiterClient) -> None:

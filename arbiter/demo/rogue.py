@@ -25,13 +25,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-
 from arbiter.agents import ArbiterClient
 from arbiter.agents.identities import Registrar
 from arbiter.edge.clock import now_ms
-from arbiter.edge.kafkaauth import kafka_client_options
-from arbiter.edge.kafkaconn import close_client
+from arbiter.edge.kafkaio import Sender, sender_for
 from arbiter.edge.settings import Settings
 from arbiter.edge.tail import Tail
 from arbiter.schemas import (
@@ -192,33 +189,32 @@ class Mallory:
         self.codec = default_codec(settings.max_message_bytes)
         self.report = RogueReport(allow=[f"account:{ROGUE}"])
         self.signer: Signer | None = None
-        self.producer: AIOKafkaProducer | None = None
+        self.sender: Sender | None = None
         self.watch = LogWatch(settings)
 
     async def run(self) -> RogueReport:
         """Join (the admin registers her), attack, and report how each attempt was refused."""
         self.signer = await Registrar(self.settings).add(ROGUE, allow=self.report.allow, keep_key=False)
-        self.producer = AIOKafkaProducer(bootstrap_servers=self.settings.bootstrap, acks="all", linger_ms=0,
-                                         **kafka_client_options(self.settings))
+        self.sender = sender_for(self.settings)
         try:
-            await self.producer.start()
+            await self.sender.start()
             await self.watch.start()
             # Another agent's lease to go after: the live log shows one soon after the swarm starts.
             await until(lambda: bool(self.held()), timeout=10)
             await self._attacks(self.signer)
         finally:
             await self.watch.stop()
-            await close_client(self.producer)
+            await self.sender.stop()
         return self.report
 
     async def _send(self, topic: str, key: bytes, record: Record, signer: Signer | None,
                     partition: int | None = None) -> tuple[str, int, int]:
         """Encode, sign with ``signer`` (None: unsigned), send; the record's position in the log."""
-        assert self.producer is not None
+        assert self.sender is not None
         value = self.codec.encode(record)
         headers = signer.sign(topic, key, value, now_ms()) if signer is not None else None
-        meta = await self.producer.send_and_wait(topic, value, key=key, partition=partition, headers=headers)
-        return meta.topic, meta.partition, meta.offset
+        at, offset = await self.sender.append(topic, key, value, headers, partition=partition)
+        return topic, at, offset
 
     async def _refused_by_workers(self, attempt: Attempt, where: tuple[str, int, int],
                                   answer_to: tuple[str, str] | None = None) -> None:

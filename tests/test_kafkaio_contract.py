@@ -322,3 +322,23 @@ async def test_no_broker_is_a_prompt_error(client: str, tmp_path: object) -> Non
         await sender.stop()
         await reader.stop()
     assert time.monotonic() - started < 15
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+def test_a_call_given_up_on_for_no_broker_does_not_hold_the_process(client: str, tmp_path: object) -> None:
+    """Finding: with librdkafka, ``arbiter saga abort`` with no broker said so at once, then took 10 s to exit:
+    ``asyncio.run`` waited for the metadata call the sender had given up on (in the loop's executor) to time out."""
+    nowhere = Settings(bootstrap="127.0.0.1:1", kafka_client=client, home=tmp_path)  # type: ignore[arg-type]
+
+    async def probe() -> None:
+        sender = sender_for(nowhere)
+        try:
+            await sender.start()
+            await sender.partitions("anything")
+        finally:
+            await sender.stop()
+
+    started = time.monotonic()
+    with pytest.raises(KafkaIOError):
+        asyncio.run(probe())
+    assert time.monotonic() - started < 5

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import queue
 import threading
@@ -142,6 +143,21 @@ def _fail(fut: asyncio.Future[Any], exc: BaseException) -> None:
         fut.set_exception(exc)
 
 
+def _resolve(fut: asyncio.Future[Any], result: Any) -> None:
+    if not fut.done():
+        fut.set_result(result)
+
+
+def _call_into(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], call: Callable[[], Any]) -> None:
+    """Run ``call`` (in a thread) and settle ``fut`` on ``loop`` with its outcome."""
+    try:
+        outcome = partial(_resolve, fut, call())
+    except BaseException as exc:  # (handed to the caller, as an executor would)
+        outcome = partial(_fail, fut, exc)
+    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody is waiting any more
+        loop.call_soon_threadsafe(outcome)
+
+
 def _settle(fut: asyncio.Future[None], err: KafkaError | None) -> None:
     if fut.done():
         return  # the sender gave up on it (a timeout); the report is of no use now
@@ -245,10 +261,15 @@ class RdSender(PolledProducer):
         return len(found.partitions)
 
     async def _bounded(self, call: Any, what: str) -> Any:
-        """Run a blocking client call in a thread, failing early if the client finds no broker."""
+        """Run a blocking client call in a thread, failing early if the client finds no broker.
+
+        The thread is a daemon of its own, not the loop's executor: a call given up on ends on its own
+        timeout, and ``asyncio.run`` waits for the executor's threads, so a command that found no broker
+        would take that timeout (10 s) to exit."""
         loop = asyncio.get_running_loop()
         watcher = self._errors.watch()
-        running = asyncio.ensure_future(loop.run_in_executor(None, call))
+        running: asyncio.Future[Any] = loop.create_future()
+        threading.Thread(target=_call_into, args=(loop, running, call), name="arbiter-kafka-call", daemon=True).start()
         answered = False
         try:
             done, _ = await asyncio.wait({running, watcher[1]}, return_when=asyncio.FIRST_COMPLETED)

@@ -9,7 +9,6 @@ import sys
 from typing import Any
 
 import click
-from aiokafka.errors import KafkaError
 
 from arbiter.edge.kafkaconn import describe
 from arbiter.edge.kafkaio import KafkaIOError
@@ -53,7 +52,7 @@ def lock_run(settings: Settings, work: Any) -> Any:
     except ArbiterUnavailable as exc:
         answer({"reason": "unavailable", "detail": str(exc), "retriable": True,
                  "what_to_do": "Retry shortly; is Kafka up ('arbiter kafka status')?"}, "unavailable")
-    except (KafkaError, KafkaIOError, ConnectionError) as exc:
+    except (KafkaIOError, ConnectionError) as exc:
         answer({"reason": "unavailable", "detail": f"Kafka at {settings.bootstrap} could not be reached: "
                                                     f"{describe(exc)}",
                  "retriable": True, "what_to_do": "Retry shortly; is Kafka up ('arbiter kafka status')?"},

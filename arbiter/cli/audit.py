@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
-from aiokafka.errors import KafkaError
 
 from arbiter.audit.log import Log, load_archive, read_log, write_archive
 from arbiter.edge.kafkaconn import describe
@@ -75,7 +74,7 @@ def load_log(settings: Settings, archive: Path | None, quiet: bool = False,
     bar = _Bar("reading the log", quiet)
     try:
         return asyncio.run(read_log(settings, bar, since=since))
-    except (KafkaError, KafkaIOError, ConnectionError) as exc:
+    except (KafkaIOError, ConnectionError) as exc:
         unreachable(settings.bootstrap, describe(exc))
     except Exception as exc:
         _fail(f"cannot read the log at {settings.bootstrap}: {describe(exc)}")

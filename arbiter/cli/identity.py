@@ -8,7 +8,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import click
-from aiokafka.errors import KafkaError
 
 from arbiter.agents.identities import Registrar, ensure_identity
 from arbiter.edge.kafkaio import KafkaIOError
@@ -25,8 +24,8 @@ def _run(work: Any) -> Any:
         return asyncio.run(work)
     except IdentityError as exc:
         fail(str(exc))
-    except (KafkaError, KafkaIOError):
-        raise  # (a RuntimeError too) the command group answers it as every verb does: no Kafka answers
+    except KafkaIOError:
+        raise  # the command group answers it as every verb does: no Kafka answers
     except RuntimeError as exc:
         fail(f"the registry could not be read: {exc}", "Are the topics created ('arbiter topics create')?")
 

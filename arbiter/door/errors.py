@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from aiokafka.errors import KafkaError
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -147,9 +146,9 @@ async def _http(request: Request, exc: Exception) -> JSONResponse:
 
 
 HANDLERS: dict[type[Exception], Any] = {
-    Refusal: _refusal, LeaseDenied: _denied, ArbiterTimeout: _timeout, KafkaError: _unavailable,
-    KafkaIOError: _unavailable, ArbiterUnavailable: _unavailable, ContractError: _contract,
-    RequestValidationError: _invalid, StarletteHTTPException: _http,
+    Refusal: _refusal, LeaseDenied: _denied, ArbiterTimeout: _timeout, KafkaIOError: _unavailable,
+    ArbiterUnavailable: _unavailable, ContractError: _contract, RequestValidationError: _invalid,
+    StarletteHTTPException: _http,
 }
 
 

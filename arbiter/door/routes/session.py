@@ -15,7 +15,6 @@ import json
 import logging
 from typing import Any
 
-from aiokafka.errors import KafkaError
 from fastapi import APIRouter, Query, WebSocket, WebSocketDisconnect
 
 from arbiter.agents import ArbiterUnavailable
@@ -113,7 +112,7 @@ async def _command(door: Door, state: AgentState, session: Session, api_key: str
         frame = {"op": "error", "id": command.id, "status": refusal.status, **refusal.body()}
     except ContractError as exc:
         frame = error(command.id, 422, exc.reason, str(exc))
-    except (KafkaError, KafkaIOError, ArbiterUnavailable) as exc:
+    except (KafkaIOError, ArbiterUnavailable) as exc:
         frame = error(command.id, 503, "unavailable", str(exc))
     await session.answer(frame, PATIENCE_SECONDS)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -414,3 +415,16 @@ def test_no_process_signs_as_admin(tmp_path: Path) -> None:
 
     with pytest.raises(IdentityError, match="admin key"):
         signer_for(tmp_path, "admin")
+
+
+def test_an_override_without_the_admin_key_is_an_answer_not_a_traceback(tmp_path: Path) -> None:
+    """Finding: 'arbiter lock revoke' and 'arbiter saga abort' in a home without the admin key ended in a
+    traceback (the operator's signer was made outside the command's error handling)."""
+    env = {**os.environ, "ARBITER_HOME": str(tmp_path), "ARBITER_BOOTSTRAP": "127.0.0.1:9"}
+    revoke = subprocess.run([sys.executable, "-m", "arbiter", "lock", "revoke", "doc:x", "--agent", "a", "--reason",
+                             "stuck"], capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert revoke.returncode == 4 and "Traceback" not in revoke.stderr, revoke.stderr
+    assert json.loads(revoke.stdout)["reason"] == "no_identity" and "admin key" in revoke.stdout
+    abort = subprocess.run([sys.executable, "-m", "arbiter", "saga", "abort", "saga:a/b:1", "--reason", "stuck"],
+                           capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert abort.returncode == 1 and "Traceback" not in abort.stderr and "no admin key" in abort.stderr, abort.stderr

@@ -195,5 +195,8 @@ def saga_abort(ctx: click.Context, saga_id: str, reason: str) -> None:
     from arbiter.agents.identities import Operator
 
     settings = settings_of(ctx)
-    _run(Operator(settings).abort_saga(saga_id, reason))
+    async def abort() -> None:  # (made inside: with no admin key here, the error line says so)
+        await Operator(settings).abort_saga(saga_id, reason)
+
+    _run(abort())
     say(f"asked to abort {saga_id} ({reason}); its completed steps are compensated")

@@ -1,4 +1,4 @@
-"""The docs' examples run as written, against a real worker, a check runner and a front door.
+"""The docs' examples run as written, against a real worker, check runner and front door; the site builds.
 
 The pages are the README, then the pages of ``docs/`` in the order of ``mkdocs.yml``'s nav: the order a
 reader goes down them. Every fenced block in a language a person runs (``bash``, ``python``) carries a
@@ -290,3 +290,21 @@ def test_the_configuration_page_names_every_setting_with_its_default() -> None:
                  if name != "name" and name not in cells]
     assert not problems, f"rows {CONFIGURATION_PAGE.relative_to(ROOT)} should have:\n" + "\n".join(problems)
 
+
+def test_the_site_builds_in_strict_mode_with_nothing_fetched(tmp_path: Path) -> None:
+    """``mkdocs build --strict``: any warning (a link or an anchor that leads nowhere, a page left out of
+    the nav) fails; and no page loads anything from another site when it opens."""
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file",
+                           str(ROOT / "mkdocs.yml"), "--site-dir", str(site)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    output = done.stdout + done.stderr
+    warnings = [line for line in output.splitlines() if "WARNING" in line]
+    assert done.returncode == 0 and not warnings, output[-5000:]
+    home = (site / "index.html").read_text()
+    assert "Two commands" in home and 'href="getting-started/"' in home, "the home page is not the README"
+    fetched = [f"{page.relative_to(site)}: {m.group(0)}" for page in site.rglob("*.html")
+               for m in re.finditer(r"<(?:script|link|img)\b[^>]*(?:src|href)=\"(?:https?:)?//[^\"]+\"",
+                                    page.read_text())]
+    assert not fetched, "\n".join(fetched)

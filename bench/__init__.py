@@ -1,1 +1,1 @@
-"""Benchmarks: commands that print figures. Run with ``./dev bench`` (see README)."""
+"""Benchmarks: commands that print figures. Run with ``./dev bench`` (see docs/benchmarks.md)."""

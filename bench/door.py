@@ -17,7 +17,7 @@ process (``--load-procs`` of them), on uvloop, speaking to the door as any langu
 - ``sdk``: the Python SDK over the door (``ArbiterClient(url=..., api_key=...)``).
 
 Side by side, in the same run: ``--sdk-agents`` agents on the direct-Kafka SDK in this
-process (what ``sdk-scale`` measures; its figure in the README is ~500-570 grants/s at 64).
+process (what ``sdk-scale`` measures; its figure in docs/benchmarks.md is ~500-570 grants/s at 64).
 
 Per row: grants/s; acquire latency p50/p99 (in a closed loop it grows with N: about N
 divided by the rate once the machine is saturated); the CPU seconds per grant of the door

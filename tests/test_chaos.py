@@ -18,7 +18,7 @@ from .test_cli import arbiter
 
 
 def chaos(bootstrap: str, home: Path, campaign: str, *options: str) -> dict[str, Any]:
-    """Run ``arbiter chaos CAMPAIGN --short --json`` as the README does; its result, checked in common."""
+    """Run ``arbiter chaos CAMPAIGN --short --json`` as docs/operations.md does; its result, checked in common."""
     env = settings_env(isolated_settings(bootstrap, home, auto_enroll=False, partitions=4))
     proc = arbiter("chaos", campaign, "--short", "--workers", "2", "--agents", "4", "--json", *options,
                    env=env, timeout=240)

@@ -306,7 +306,7 @@ def test_agents_add_list_rotate_revoke_from_a_shell(kafka_settings: Settings) ->
                                                               ("bob", "revoked")]
     assert all(r["allow"] == ["ticket:", "doc:alice"] and r["tenant"] == "acme" for r in rows if r["name"] == "alice")
     assert [r["reason"] for r in rows if r["name"] == "bob"] == ["left the team"]
-    # As the README says: rotate returns once the old key is refused, not 2 s before it is.
+    # As docs/security.md says: rotate returns once the old key is refused, not 2 s before it is.
     (old,) = [r for r in rows if r["name"] == "alice" and r["status"] == "rotated"]
     assert old["ended_at_ms"] <= returned_ms, (old, returned_ms)
     bad = agents("add", "saga:x")
@@ -370,8 +370,8 @@ KAFKA_VERBS: list[tuple[str, ...]] = [
 outage; this says each one's words)."""
 
 
-def test_every_verb_without_kafka_says_it_in_the_readmes_words(tmp_path: Path) -> None:
-    """Finding: the README says a CLI command prints one 'error: no Kafka answers at ...' line and exits 3;
+def test_every_verb_without_kafka_says_it_in_the_docs_words(tmp_path: Path) -> None:
+    """Finding: docs/operations.md says a CLI command prints one 'error: no Kafka answers at ...' line and exits 3;
     the verbs said 'the registry could not be reached', 'cannot reach Kafka at', or logged 'unreachable,
     reconnecting' first. Each now ends with that one line (what the client saw after it) and the hint."""
     from arbiter.processes import free_port

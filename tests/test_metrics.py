@@ -89,7 +89,7 @@ async def test_the_metrics_of_a_known_workload_match_the_audit(bootstrap: str, t
         report = await assert_clean_audit(settings)
         stats = report["stats"]
         assert isinstance(stats, dict)
-        # Denials by reason as the audit counts them (the README: metrics agree with the audit on them).
+        # Denials by reason as the audit counts them (docs/metrics.md: metrics agree with the audit on them).
         denials = {key.removeprefix("lease_denials:"): n for key, n in stats.items()
                    if key.startswith("lease_denials:")}
         log = await read_log(settings)

@@ -1,4 +1,4 @@
-"""A broker outage is quiet, bounded and clear (README "When Kafka is down").
+"""A broker outage is quiet, bounded and clear (docs/operations.md, "When Kafka is down").
 
 The broker is stopped for 30 s under a worker, a front door and every CLI verb: the worker logs a
 few lines, not one per reconnect; every CLI verb ends with its documented answer (``arbiter lock``: one
@@ -44,7 +44,7 @@ OUTAGE_S = 30.0
 WORKER_LINES = 300
 """The most lines the worker may log in the whole outage (it logged ~3,000 a second)."""
 STOP_S = 15.0
-"""README: SIGTERM exits within 15 s, whatever the broker's state."""
+"""docs/operations.md: SIGTERM exits within 15 s, whatever the broker's state."""
 ANSWER_S = 5.0
 """How soon the door must answer a call while Kafka is down."""
 

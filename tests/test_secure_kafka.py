@@ -189,7 +189,7 @@ def test_wrong_password_and_no_login_are_turned_away(topics: Settings, caplog: p
     assert broker_answers(topics.bootstrap, timeout=5, options=kafka_client_options(as_principal(topics, ADMIN)))
 
 
-def test_acls_are_what_the_readme_says(base: Settings) -> None:
+def test_acls_are_what_the_security_page_says(base: Settings) -> None:
     agent = {(a.name, a.operation) for a in secure_acls(base) if a.principal == AGENT}
     t = base.topics
     assert {name for name, op in agent if op == "write"} == {t.resource_commands, t.saga_commands, t.wait_edges}

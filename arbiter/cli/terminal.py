@@ -23,7 +23,7 @@ def fail(message: str, detail: str = "", code: int = 1) -> NoReturn:
 
 def unreachable(bootstrap: str, why: str = "") -> NoReturn:
     """Exit ``EXIT_UNAVAILABLE``: no Kafka answers (``why``: what the client saw). Every verb that needs
-    Kafka says it in these words (README, When Kafka is down)."""
+    Kafka says it in these words (docs/operations.md, When Kafka is down)."""
     fail(f"no Kafka answers at {bootstrap}{': ' + why if why else ''}", "is it up? 'arbiter kafka status' says; "
          "'arbiter kafka up' starts the local one (or pass --bootstrap)", code=EXIT_UNAVAILABLE)
 

@@ -3,7 +3,7 @@
 She is a registered agent like the others, allowed only her own prefixes
 (``account:mallory``), and she has what anyone with topic access has: a raw Kafka
 producer, the codec, and a read of the log. With that she tries the attacks of the
-trust boundary (README "Trust boundary"): act as another agent unsigned, with her own
+trust boundary (docs/security.md): act as another agent unsigned, with her own
 key and with a key nobody registered; send what only workers and the operator send
 (a lease-book wait edge, a revocation, a tick, another agent's saga abort); write
 outside her prefixes; claim an id in the ``saga:`` namespace; and put forged decisions

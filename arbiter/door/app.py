@@ -46,7 +46,7 @@ ships them: the interactive docs load nothing from a CDN."""
 DESCRIPTION = ("Leases, fenced writes, optimistic commits and sagas for AI agents, over HTTP. Authenticate with "
                "'Authorization: Bearer API_KEY' (a front-door credential: arbiter agents api-key NAME). Refusals "
                "are JSON diagnostics with a stable 'reason' and 'what_to_do'. WebSocket sessions: /v1/session "
-               "(see the README).")
+               "(see docs/front-door.md).")
 
 
 def create_app(settings: Settings, door: Door | None = None,

@@ -1,7 +1,7 @@
 """How a Kafka client authenticates: the ``kafka_*`` settings as client options.
 
-Kafka's own access control is the outer wall of the trust boundary (README "Trust
-boundary"): with ``arbiter kafka up --secure`` the broker takes only SASL/SCRAM clients
+Kafka's own access control is the outer wall of the trust boundary (see
+docs/security.md): with ``arbiter kafka up --secure`` the broker takes only SASL/SCRAM clients
 and its ACLs let each principal touch only its own topics. Every Kafka client Arbiter
 makes (the SDK's, the CLI's, the workers') passes these options along.
 

@@ -157,7 +157,7 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(default=2 * 1024 * 1024, ge=1024)
     """Largest message the codec encodes or decodes; the local broker accepts twice this."""
 
-    # -- worker tuning; see README "Worker tuning" for why each differs from faust's --
+    # -- worker tuning; see docs/architecture.md "Worker tuning" for why each differs from faust's --
     fetch_max_wait_ms: int = Field(default=10, ge=0, le=1500)
     """How long the broker holds an empty fetch. faust hard-codes 1500."""
 
@@ -258,7 +258,7 @@ class Settings(BaseSettings):
     web_port: int = Field(default=0, ge=0, le=65535)
     """faust's web server port; 0 disables it (several workers share one host)."""
 
-    # -- trust (README "Trust boundary") --
+    # -- trust (docs/security.md) --
     verify_signatures: bool = True
     """Workers refuse unsigned and forged commands, and the SDK unsigned and forged decisions.
     Off is for development only and is announced loudly on every start."""

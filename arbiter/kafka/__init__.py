@@ -43,8 +43,8 @@ The secure mode runs one node only.
 
 Secure mode (``up(secure=True)``, ``arbiter kafka up --secure``)
 ------------------------------------------------------------------
-Kafka's own access control is the outer wall of the trust boundary (README "Trust
-boundary"). The client listener then takes SASL/SCRAM-SHA-512 only (SASL_PLAINTEXT, on
+Kafka's own access control is the outer wall of the trust boundary (see
+docs/security.md). The client listener then takes SASL/SCRAM-SHA-512 only (SASL_PLAINTEXT, on
 127.0.0.1 alone), the broker runs ``StandardAuthorizer`` with no access for anyone an ACL
 does not name, and three SCRAM users are created when the storage is formatted
 (``--add-scram``, KIP-900): ``arbiter-admin`` (the only super user; the broker itself

@@ -15,7 +15,7 @@ parse its input, or cannot reach Arbiter in time, exits 2 with the reason on std
 blocked and the model is told why. Reads (``Read``, ``Grep``, ``Glob``...) are let through.
 Shell commands are checked by the paths they name (every word that resolves into a configured
 repository, and redirection targets): a command that writes a path it does not name is not
-caught, which is why the sandbox, not the hook, is the isolation (README: what is enforced).
+caught, which is why the sandbox, not the hook, is the isolation (docs/mcp.md: what is enforced).
 
 Every run also touches the agent's heartbeat file, which ``arbiter mcp`` reads as activity: an
 agent busy in its own tools keeps its leases renewed.

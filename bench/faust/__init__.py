@@ -2,8 +2,8 @@
 
 The design names faust-streaming; Arbiter's workers run on aiokafka instead
 (``arbiter.streams.runtime.worker``), because faust's per-message path measured ~6,500
-messages/s doing nothing, gap-acked offsets at rebalances and hung in recovery (README
-"Runtime"). This app runs the very same per-input pipeline (``arbiter.streams.shells.pipeline``)
+messages/s doing nothing, gap-acked offsets at rebalances and hung in recovery
+(docs/architecture.md, "Runtime"). This app runs the very same per-input pipeline (``arbiter.streams.shells.pipeline``)
 on faust, so ``python -m bench runtime`` compares the two runtimes on equal decisions;
 ``python -m bench.faust`` runs one such worker. Nothing Arbiter installs imports it.
 """
@@ -95,7 +95,7 @@ class ArbiterApp(faust.App):
 
 
 def faust_settings(settings: Settings) -> dict[str, Any]:
-    """faust settings, each chosen for Arbiter (README "Worker tuning" says why)."""
+    """faust settings, each chosen for Arbiter (docs/architecture.md, "Worker tuning", says why)."""
     settings.home.mkdir(parents=True, exist_ok=True)
     return {
         "broker": [f"kafka://{server}" for server in settings.bootstrap_list()],
@@ -164,7 +164,7 @@ def faust_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterApp
     topics = settings.topics
     rules = Rules.from_settings(settings)
 
-    # Trust (README "Trust boundary"): this worker signs all it sends; every input passes the gate.
+    # Trust (docs/security.md): this worker signs all it sends; every input passes the gate.
     signer = signer_for(settings.home, settings.identity or ROLE_WORKER, settings.identity_key)
     registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
     gate = Gate(registry, enabled=settings.verify_signatures)
@@ -191,7 +191,7 @@ def faust_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterApp
 
     async def send_bytes(topic: str, key: bytes, value: bytes) -> None:
         # Straight to faust's producer: Topic.send adds futures, callbacks and sensors
-        # per message that cost more than the decision itself (README "Worker tuning").
+        # per message that cost more than the decision itself (docs/architecture.md, "Worker tuning").
         producer = await app.maybe_start_producer()
         await producer.send(topic, key, value, None, None, signer.sign(topic, key, value, now_ms()))
 
@@ -250,7 +250,7 @@ def faust_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterApp
                 at_ms = round(msg.timestamp * 1000) if msg.timestamp else now_ms()
                 outcome = await path.process(RawInput(msg.topic, msg.partition, msg.offset, event.key,
                                                       bytes(event.value or b""), tuple(msg.headers or ()), at_ms))
-                # The decisions first, then the state that follows from them (README "Crash safety"): the
+                # The decisions first, then the state that follows from them (docs/architecture.md, "Crash safety"): the
                 # pipeline applied the table writes as the input finished; faust sends their changelog
                 # after these records, and commits the offset once both are written.
                 for topic, key, _record, value in outcome.outputs:

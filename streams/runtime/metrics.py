@@ -72,7 +72,7 @@ NAMES = (
     "arbiter_dead_letters_total", "arbiter_quarantined_inputs_total", "arbiter_signature_failures_total",
     "arbiter_partition_lag_messages", "arbiter_partition_lag_seconds", "arbiter_partitions_owned",
 )
-"""Every metric a worker exports (the README's table and the Grafana dashboard name only these)."""
+"""Every metric a worker exports (docs/metrics.md's table and the Grafana dashboard name only these)."""
 
 
 class Prefixes:

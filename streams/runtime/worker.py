@@ -92,7 +92,7 @@ Output = tuple[str, bytes, bytes]
 """(topic, key, encoded value): one record to produce."""
 REPORT_S = 10.0
 STOP_BUDGET = 12.0
-"""Seconds a stopping worker spends settling and closing at most (README: SIGTERM exits within 15 s)."""
+"""Seconds a stopping worker spends settling and closing at most (docs/operations.md: SIGTERM exits within 15 s)."""
 EXIT_UNAVAILABLE = 3
 """The worker's exit status when it could not start because Kafka did not answer."""
 BATCH_BYTES = 1024 * 1024

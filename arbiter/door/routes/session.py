@@ -43,7 +43,7 @@ TOPIC_OF: dict[type[Record], str] = {WaitEdgeAdded: "wait_edges", WaitEdgeRemove
 
 @router.websocket("/v1/session")
 async def session(ws: WebSocket, resume: int | None = Query(None, ge=0)) -> None:
-    """Every inbox record of the agent as it is decided, and its own commands (see the README)."""
+    """Every inbox record of the agent as it is decided, and its own commands (see docs/front-door.md)."""
     door: Door = ws.app.state.door
     opened = await _open(door, ws)
     if opened is None:

@@ -146,6 +146,14 @@ def test_the_readmes_tour_is_run_on_the_pages() -> None:
     assert not stale, f"README blocks that no page runs as they are (copy them from the page): {stale}"
 
 
+
+def test_the_readme_reads_in_ten_minutes_and_links_every_page() -> None:
+    """At most 250 lines, and a link to each page of the nav by its path, which GitHub follows too."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 250, f"README.md has {len(text.splitlines())} lines: move some to a page"
+    unlinked = [page.name for page in pages()[1:] if f"](docs/{page.name})" not in text]
+    assert not unlinked, f"README.md links no page of: {unlinked}"
+
 @pytest.fixture
 def kafka_settings(bootstrap: str, tmp_path: Path) -> Settings:
     """The module's settings: topics and a consumer group of its own, nothing else configured (the pages

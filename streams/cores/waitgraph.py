@@ -81,16 +81,25 @@ class WaitGraph:
     removed: dict[str, int] = field(default_factory=dict)
     """Recently removed edges, oldest first, and the position of the message that removed each."""
     removed_window: int = 4096
+    caused: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per edge present or recently removed whose changes a processor decided (the lease book's), the
+    (partition, offset) of the decision that last changed it."""
 
-    def folded(self, edge_id: str, position: int) -> bool:
-        """Whether the message at ``position`` (its input offset) about ``edge_id`` is in the graph
-        already: the graph holds a change of that edge from it, or from a later message.
+    def folded(self, edge_id: str, position: int, cause: tuple[int, int] | None = None) -> bool:
+        """Whether the message at ``position`` (its input offset) about ``edge_id``, decided by ``cause``
+        (a processor's decision: its input's partition and offset), is in the graph already.
 
-        A worker that died after writing a batch's state and before committing its offsets leaves
-        the next owner a graph ahead of the inputs it is redelivered. Folding them again would
-        bring back edges removed since (and close cycles that no longer exist); positions say
-        which inputs the graph holds, without hiding a later, real add of the same id."""
-        return position <= max(self.at.get(edge_id, -1), self.removed.get(edge_id, -1))
+        Two ways the same change comes again. A worker of this graph that died after writing a batch's
+        state and before committing its offsets leaves the next owner a graph ahead of the inputs it is
+        redelivered: positions say which inputs the graph holds. And a worker of the lease books that
+        died before committing is redelivered its inputs, and decides them again: the same changes,
+        sent again, at new positions; their causes say which decisions the graph holds (a book decides
+        one resource's changes in its partition's order). Folding either again would bring back edges
+        removed since, and close cycles that no longer exist; neither hides a later, real change."""
+        if position <= max(self.at.get(edge_id, -1), self.removed.get(edge_id, -1)):
+            return True
+        last = self.caused.get(edge_id)
+        return cause is not None and last is not None and last[0] == cause[0] and cause[1] <= last[1]
 
     def touching(self, agent: str) -> list[Edge]:
         """Every edge into or out of ``agent``, sorted by id."""
@@ -231,7 +240,9 @@ def _edge(graph: WaitGraph, event: WaitEdgeAdded, now_ms: int | None) -> Edge:
 def evolve(graph: WaitGraph, event: GraphEvent, now_ms: int | None = None, position: int | None = None) -> WaitGraph:
     """Fold one event into the graph (in place) and return it. ``now_ms``: the append time of the
     message that carried ``event`` (a delegating agent's age is taken from it, see ``_edge``);
-    ``position``: its input offset, remembered per edge (``WaitGraph.folded``)."""
+    ``position``: its input offset, remembered per edge with its cause (``WaitGraph.folded``)."""
+    if isinstance(event, WaitEdgeAdded | WaitEdgeRemoved) and position is not None and event.cause is not None:
+        graph.caused[event.edge_id] = (event.cause.partition, event.cause.offset)
     if isinstance(event, WaitEdgeAdded):
         if event.edge_id not in graph.cancelled:
             graph.add(_edge(graph, event, now_ms))
@@ -247,6 +258,7 @@ def evolve(graph: WaitGraph, event: GraphEvent, now_ms: int | None = None, posit
             while len(graph.removed) > graph.removed_window:
                 forgotten = next(iter(graph.removed))
                 del graph.removed[forgotten]
+                graph.caused.pop(forgotten, None)
                 graph.touched.add(forgotten)
     else:
         # The victim's waits are being cancelled: it waits on nobody from now on.
@@ -256,5 +268,6 @@ def evolve(graph: WaitGraph, event: GraphEvent, now_ms: int | None = None, posit
         while len(graph.cancelled) > graph.cancelled_window:
             forgotten = next(iter(graph.cancelled))
             del graph.cancelled[forgotten]
+            graph.caused.pop(forgotten, None)
             graph.touched.add(forgotten)
     return graph

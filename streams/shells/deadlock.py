@@ -47,7 +47,8 @@ class RowGraphStore:
     """Wait-for graphs kept as one row per edge in a table of bytes (the worker's changelog).
 
     Row key: graph key, NUL, edge id; value: the edge as a JSON row (then the position of the
-    message that added it), ``cancelled``, or ``removed:<position>`` (a recent removal).
+    message that added it, and the partition and offset of the decision that did), ``cancelled``, or
+    ``removed:<position>[:<partition>:<offset>]`` (a recent removal, and its decision's).
     A graph is rebuilt from its rows on first use after a rebalance (``generation``
     changes), then kept in memory; ``save`` writes only the rows of the edges it touched.
     """
@@ -73,12 +74,17 @@ class RowGraphStore:
                     if row == b"cancelled":
                         graph.cancelled[edge_id] = None
                     elif row.startswith(REMOVED):
-                        graph.removed[edge_id] = int(row[len(REMOVED):])
+                        position, *cause = (int(n) for n in row[len(REMOVED):].split(b":"))
+                        graph.removed[edge_id] = position
+                        if len(cause) == 2:  # (rows written before causes were kept have none)
+                            graph.caused[edge_id] = (cause[0], cause[1])
                     else:
                         fields = json.loads(row)
                         graph.add(Edge.from_row(fields[:EDGE_FIELDS]))
                         if len(fields) > EDGE_FIELDS:  # (rows written before positions were kept have none)
                             graph.at[edge_id] = fields[EDGE_FIELDS]
+                        if len(fields) > EDGE_FIELDS + 2:
+                            graph.caused[edge_id] = (fields[EDGE_FIELDS + 1], fields[EDGE_FIELDS + 2])
             graph.touched.clear()
             self._cache[key] = graph
         return graph
@@ -93,14 +99,16 @@ class RowGraphStore:
         for edge_id in sorted(graph.touched):
             row_key = prefix + edge_id.encode()
             edge = graph.edges.get(edge_id)
+            cause = graph.caused.get(edge_id)
             if edge is not None:
                 position = graph.at.get(edge_id)
-                row = edge.to_row() if position is None else [*edge.to_row(), position]
+                row = edge.to_row() if position is None else [*edge.to_row(), position, *(cause or ())]
                 self.rows[row_key] = json.dumps(row).encode()
             elif edge_id in graph.cancelled:
                 self.rows[row_key] = b"cancelled"
             elif edge_id in graph.removed:
-                self.rows[row_key] = REMOVED + str(graph.removed[edge_id]).encode()
+                caused = b"" if cause is None else f":{cause[0]}:{cause[1]}".encode()
+                self.rows[row_key] = REMOVED + str(graph.removed[edge_id]).encode() + caused
             else:
                 self.rows.pop(row_key, None)
         graph.touched.clear()
@@ -129,8 +137,9 @@ class DeadlockShell:
             return None  # our own decisions, logged beside the edges they were made from
         assert key is not None and isinstance(edge, WaitEdgeAdded | WaitEdgeRemoved)
         graph = self.store.get(key)
-        if graph.folded(edge.edge_id, cause.offset):
-            return None  # redelivered onto a state that holds it (see WaitGraph.folded): decided already
+        decided = None if edge.cause is None else (edge.cause.partition, edge.cause.offset)
+        if graph.folded(edge.edge_id, cause.offset, decided):
+            return None  # redelivered, or decided again upstream (see WaitGraph.folded): in the graph already
         if self.scope is not None:
             # The graph in memory changes in place: an input that fails is rebuilt from its rows (whose
             # writes the scope drops).

@@ -148,3 +148,49 @@ def test_every_cycle_is_broken_with_one_right_victim_and_no_false_positives(
         # Every cycle present is found: what is left never has one.
         assert not independent_cycle_search({(e.waiter, e.holder) for e in g.edges.values()})
         assert not g.has_cycle()
+
+
+def test_a_lease_books_decisions_sent_again_at_new_positions_change_nothing() -> None:
+    """Finding (worker-kill churn): a worker of the lease books killed before its commit is redelivered its
+    inputs and decides them again, so the same wait edges come again, at new positions of the wait-edge
+    topic. Folded as new, an edge removed since came back and closed a cycle that no longer existed (the
+    audit's cycles_resolved, twice in one campaign). The graph knows them by the decision that made them
+    (a book decides one resource in its partition's order), also after it is rebuilt from its rows."""
+    import asyncio
+
+    from arbiter.edge.settings import Settings
+    from arbiter.schemas import Record
+    from arbiter.streams.shells.deadlock import DeadlockShell, RowGraphStore
+    from arbiter.streams.shells.routes import Routes
+
+    rows: dict[bytes, bytes] = {}
+    generation = [1]
+    sent: list[Record] = []
+
+    async def send(_topic: str, _key: bytes, record: Record) -> None:
+        sent.append(record)
+
+    shell = DeadlockShell(RowGraphStore(rows, lambda: generation[0]), Routes.of(Settings().topics, "global"), send)
+    decided = Cause(topic="resource_commands", partition=2, offset=0)
+    lock = {"source": "lock", "resource": "account:a"}
+    x_added = WaitEdgeAdded(edge_id="lock|x", waiter="ann", holder="bob", waiter_priority=0,
+                            waiter_registered_at_ms=1, added_at_ms=1, cause=decided.model_copy(update={"offset": 10}),
+                            **lock)
+    x_removed = WaitEdgeRemoved(edge_id="lock|x", waiter="ann", holder="bob", removed_at_ms=2,
+                                cause=decided.model_copy(update={"offset": 12}), **lock)
+    back = added("bob", "ann", edge_id="bob->ann")
+
+    def handle(record: WaitEdgeAdded | WaitEdgeRemoved, position: int) -> None:
+        problem = asyncio.run(shell.handle(b"global", record, 1_000 + position,
+                                           Cause(topic="wait_edges", partition=0, offset=position)))
+        assert problem is None, problem
+
+    for position, record in enumerate((x_added, x_removed, back)):
+        handle(record, position)
+    assert not sent, "ann's wait ended before bob waited on her: no cycle"
+    handle(x_added, 3)  # the books' worker died: its decisions come again
+    handle(x_removed, 4)
+    assert not sent, "a decision sent again closed a cycle that no longer exists"
+    generation[0] += 1  # a rebalance: the graph is rebuilt from its rows
+    handle(x_added, 5)
+    assert not sent and set(shell.store.get(b"global").edges) == {"bob->ann"}

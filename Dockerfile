@@ -2,10 +2,11 @@
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
-# arbiter/ holds links to the top-level folders (arbiter.schemas, .streams, .agents): copy all four.
+# The one namespace `arbiter` is these five folders' arbiter/ (pyproject.toml): copy each.
 COPY schemas ./schemas
 COPY streams ./streams
 COPY agents ./agents
+COPY edge ./edge
 COPY arbiter ./arbiter
 RUN pip install --no-cache-dir ".[all]"
 USER nobody

@@ -64,12 +64,15 @@ def test_worker_scales() -> None:
 
 
 def test_image_installs_everything_the_worker_imports() -> None:
-    """The image copies the roof and every folder its links point at (schemas, streams, agents), and installs
-    the worker's and the door's extras."""
+    """The image copies every folder the wheel takes a portion of ``arbiter`` from (pyproject.toml's
+    ``only-include``), and installs the worker's and the door's extras."""
+    import tomllib
+
     dockerfile = (REPO / "Dockerfile").read_text()
-    linked = sorted(p.name for p in (REPO / "arbiter").iterdir() if p.is_symlink())
-    assert linked == ["agents", "schemas", "streams"], linked
-    for folder in ("arbiter", *linked):
+    wheel = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    folders = sorted({path.split("/")[0] for path in wheel["only-include"]})
+    assert folders == ["agents", "arbiter", "edge", "schemas", "streams"], folders
+    for folder in folders:
         assert (REPO / folder).is_dir(), folder
         assert f"COPY {folder} ./{folder}" in dockerfile, folder
     assert 'pip install --no-cache-dir ".[all]"' in dockerfile

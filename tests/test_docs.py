@@ -316,3 +316,17 @@ def test_the_site_builds_in_strict_mode_with_nothing_fetched(tmp_path: Path) -> 
                for m in re.finditer(r"<(?:script|link|img)\b[^>]*(?:src|href)=\"(?:https?:)?//[^\"]+\"",
                                     page.read_text())]
     assert not fetched, "\n".join(fetched)
+
+
+def test_the_architecture_page_draws_the_tree_as_it_is() -> None:
+    """Every folder the Layout block names exists, and every folder of the checkout's top level (but caches and
+    environments) is named there."""
+    text = (DOCS / "architecture.md").read_text()
+    block = text[text.index("## Layout"):].split("```")[1]
+    named = {line.split()[0].rstrip("/") for line in block.splitlines() if line.strip() and not line.startswith(" ")}
+    for path in named:
+        assert (ROOT / path).exists(), f"the Layout names {path}, which is not there"
+    tops = {p.name for p in ROOT.iterdir() if not p.name.startswith(".") and p.name not in ("site", "dist", "build")}
+    missing = sorted(t for t in tops if t not in {n.split("/")[0] for n in named}
+                     and t not in ("dev", "mkdocs.yml", "Dockerfile"))
+    assert not missing, f"top-level entries the Layout does not draw: {missing}"

@@ -1,4 +1,4 @@
-"""The example agents (``agents/examples/``) run as written, against a real worker and a real front door:
+"""The example agents (``agents/arbiter/agents/examples/``) run as written, against a real worker and a real front door:
 two Python drafters and a JavaScript one add their sections to one document at once, and none is lost."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from .test_door_http import node_command
 
 pytestmark = pytest.mark.kafka
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "agents" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "agents" / "arbiter" / "agents" / "examples"
 
 
 async def test_the_drafters_in_python_and_javascript_add_every_section(kafka_settings: Settings,

@@ -30,8 +30,8 @@ def test_the_wheel_holds_one_top_level_package(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     tops = {name.split("/")[0] for name in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"arbiter"}, sorted(tops)
-    # The links in arbiter/ are packed as the files they point at.
-    for module in ("arbiter/schemas/codec.py", "arbiter/schemas/lock/lock_requested.avsc",
+    # Each folder's portion of the namespace is packed under arbiter/ (pyproject.toml's sources).
+    for module in ("arbiter/schemas/codec.py", "arbiter/schemas/lock/lock_requested.avsc", "arbiter/edge/settings.py",
                    "arbiter/streams/cores/leases.py", "arbiter/agents/client.py", "arbiter/kafka/pom.xml"):
         assert module in names, module
 
@@ -72,3 +72,13 @@ def test_a_source_checkout_resolves_agents_to_the_framework_not_to_the_folder(tm
     framework, ours = done.stdout.split()
     assert "site-packages" in framework and not framework.startswith(str(REPO / "agents")), framework
     assert ours.startswith(str(REPO)), ours
+
+
+def test_a_script_run_from_the_checkouts_root_never_gets_arbiters_sdk_as_agents() -> None:
+    """Python puts a script's folder first on the path: from the checkout's root, ``agents/`` holds no module
+    of Arbiter's (its SDK is agents/arbiter/agents), so ``import agents`` is still the framework's."""
+    done = subprocess.run([sys.executable, "-c", "import agents; print(agents.__file__); print(hasattr(agents, "
+                           "'ArbiterClient'))"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    framework, has_ours = done.stdout.split()
+    assert "site-packages" in framework and has_ours == "False", done.stdout

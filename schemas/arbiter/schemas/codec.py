@@ -14,7 +14,7 @@ topic can carry several message types (the resource-command topic carries lock
 commands and tool intents in one order).
 
 Decoding looks the fingerprint up among the current schemas and the superseded ones
-in ``schemas/history``; a superseded writer schema is resolved against the current
+in ``schemas/arbiter/schemas/history``; a superseded writer schema is resolved against the current
 reader schema, so fields added later with defaults are filled in.
 
 Every way a message can fail to decode raises one error type, ``ContractError``,

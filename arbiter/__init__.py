@@ -1,3 +1,0 @@
-"""Arbiter: concurrency control for fleets of AI agents, on Apache Kafka."""
-
-__version__ = "0.1.0"

@@ -92,3 +92,86 @@ def test_no_file_has_two_names() -> None:
     listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-s"], capture_output=True, text=True, check=True)
     links = [line.split("\t", 1)[1] for line in listed.stdout.splitlines() if line.startswith("120000 ")]
     assert not links, links
+
+
+SHIPPED = [ROOT / "arbiter", ROOT / "agents" / "arbiter", ROOT / "schemas" / "arbiter", ROOT / "streams" / "arbiter",
+           ROOT / "edge" / "arbiter"]
+"""Every folder of the installed namespace."""
+LONG_ALLOWED: dict[str, str] = {
+    "arbiter/mcp/server.py:build_server": "",
+    "arbiter/demo/command.py:_demo": "",
+    "arbiter/chaos/runner.py:_exercise": "",
+    "streams/arbiter/streams/tools/ledger.py:register_ledger_tools": "",
+    "arbiter/audit/checks.py:check_determinism": "",
+    "arbiter/kafka/__init__.py:_write_config": "",
+    "arbiter/audit/__init__.py:_audit": "",
+    "arbiter/demo/rogue.py:_attacks": "",
+    "edge/arbiter/edge/livefeed.py:apply": "",
+    "arbiter/audit/checks.py:check_outcomes": "",
+    "arbiter/demo/runs.py:safe_swarm": "",
+    "streams/arbiter/streams/runtime/worker.py:run": "",
+}
+"""Functions over 70 lines still to split (issue 38: this list ends empty)."""
+INIT_ALLOWED = {"arbiter/kafka/__init__.py", "arbiter/audit/__init__.py", "edge/arbiter/edge/kafkaio/__init__.py",
+                "arbiter/chaos/__init__.py", "streams/arbiter/streams/shells/__init__.py"}
+"""Package __init__ modules that still hold more than re-exports (this list ends empty)."""
+
+
+def _modules() -> list[Path]:
+    return sorted(path for folder in SHIPPED for path in folder.rglob("*.py"))
+
+
+def test_no_function_of_any_shipped_package_is_over_70_lines() -> None:
+    """A function fits on a screen (TigerBeetle's rule): from its def to its last line, decorators aside."""
+    long = []
+    for path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
+                size = node.end_lineno - node.lineno + 1
+                where = f"{path.relative_to(ROOT)}:{node.name}"
+                if size > 70 and where not in LONG_ALLOWED:
+                    long.append(f"{where}: {size} lines")
+    assert not long, long
+
+
+def _names_only(node: ast.stmt) -> bool:
+    """``__all__``, or a collection of what was imported (``ROUTERS = (a.router, b.router)``): nothing computed."""
+    value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+    if value is None:
+        return False
+    return all(isinstance(n, ast.Name | ast.Attribute | ast.Tuple | ast.List | ast.Constant | ast.Load)
+               for n in ast.walk(value))
+
+
+def test_a_package_init_holds_only_re_exports() -> None:
+    """A package's __init__ says what the package is and names what it exports: docstring, imports, __all__."""
+    heavy = []
+    for path in _modules():
+        if path.name != "__init__.py" or str(path.relative_to(ROOT)) in INIT_ALLOWED:
+            continue
+        for node in ast.parse(path.read_text()).body:
+            plain = isinstance(node, ast.Import | ast.ImportFrom) or (
+                isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)) or _names_only(node)
+            if not plain:
+                heavy.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+                break
+    assert not heavy, heavy
+
+
+def test_every_type_ignore_says_why() -> None:
+    """``# type: ignore[code]`` is followed on its line by a comment a reviewer can weigh (``# type: ignore[x]  #
+    why``); a bare one hides a type error nobody explained."""
+    bare = []
+    for path in _modules():
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if "# type: ignore" in line:
+                after = line.split("# type: ignore", 1)[1]
+                reason = after.split("#", 1)[1].strip() if "#" in after else ""
+                if len(reason) < 10:
+                    bare.append(f"{path.relative_to(ROOT)}:{number}")
+    assert not bare or set(bare) <= TYPE_IGNORE_ALLOWED, sorted(set(bare) - TYPE_IGNORE_ALLOWED)
+
+
+TYPE_IGNORE_ALLOWED = {"arbiter/audit/checks.py:219", "arbiter/audit/checks.py:340", "arbiter/audit/checks.py:342",
+                       "arbiter/demo/runs.py:122", "streams/arbiter/streams/runtime/worker.py:213"}
+"""Bare ones still to explain or remove (this list ends empty)."""

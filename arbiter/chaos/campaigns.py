@@ -320,9 +320,11 @@ class FreezeAgent(Campaign):
                 cycle["rival_write"] = "applied" if wrote.applied else wrote.reason
                 expected = "stale_fencing_token"
             else:
-                expired = await self.follower.wait(lambda: any(
+                follower = self.follower
+                assert follower is not None, "the campaign follows the log from its start"
+                expired = await follower.wait(lambda: any(
                     isinstance(r, LockExpired) and r.resource == resource and r.token == token
-                    for _t, r in self.follower.records), timeout=self.ttl * 4 + 30)  # type: ignore[union-attr]
+                    for _t, r in follower.records), timeout=self.ttl * 4 + 30)
                 if not expired:
                     raise ChaosError(f"the frozen agent's lease on {resource} never expired")
                 cycle["expired_after_s"] = round(time.monotonic() - frozen_at, 3)

@@ -133,8 +133,9 @@ class Workload:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+            failure = None if task.cancelled() else task.exception()
+            if failure is not None:
+                raise failure
         if self.phases and not self.phase.ended:
             self.phase.ended = time.monotonic()
 

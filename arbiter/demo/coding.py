@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -95,7 +95,7 @@ def unsafe_story(folder: Path) -> CodingResult:
     return _judge(repo, result)
 
 
-async def safe_story(settings: Settings, enroll: Callable[[str], object]) -> CodingResult:
+async def safe_story(settings: Settings, enroll: Callable[[str], Awaitable[Settings]]) -> CodingResult:
     """The three agents in sandboxes, merging through the queue with the check. ``enroll(name)``
     awaits the settings a coding agent signs with."""
     from arbiter.agents import ArbiterClient
@@ -106,7 +106,7 @@ async def safe_story(settings: Settings, enroll: Callable[[str], object]) -> Cod
     async def agent(name: str) -> None:
         change, what, start = AGENTS[name]
         await asyncio.sleep(start)
-        mine = await enroll(name)  # type: ignore[misc]
+        mine = await enroll(name)
         async with ArbiterClient(name, mine) as client, client.sandbox("demo", keep=False) as box:
             path = box.path / FILE
             await asyncio.to_thread(path.write_text, change(path.read_text()))

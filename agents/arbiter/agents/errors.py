@@ -63,7 +63,7 @@ class LeaseDenied(ArbiterError):
             "what_to_do": "Your request was withdrawn before it was granted."})
 
     @property
-    def retriable(self) -> bool:  # type: ignore[override]
+    def retriable(self) -> bool:  # type: ignore[override]  # the base's class attribute, a property here: both read alike
         """Busy, timed out, cancelled and deadlock victims may succeed later; bad input will not.
 
         The one table of which reasons are retriable is ``arbiter.schemas.reasons``.
@@ -91,7 +91,7 @@ class DoorRefused(ArbiterError):
         self.detail = detail
 
     @property
-    def retriable(self) -> bool:  # type: ignore[override]
+    def retriable(self) -> bool:  # type: ignore[override]  # the base's class attribute, a property here: both read alike
         """Rate limits and overload pass; bad credentials, forbidden commands and bad input do not."""
         return self.status in (429, 503)
 

@@ -199,7 +199,8 @@ class HttpTransport:
                 self._next_offset = offset + 1
             self._on_record(record)
         elif op in ("ack", "error"):
-            future = self._pending.pop(frame.get("id"), None)  # type: ignore[arg-type]
+            sent = frame.get("id")
+            future = self._pending.pop(sent, None) if isinstance(sent, int) else None
             if future is not None and not future.done():
                 if op == "ack":
                     future.set_result(None)

@@ -184,8 +184,8 @@ class Repeats(logging.Filter):
             return False
         held = last[1] if last is not None else 0
         self.seen[key] = (now, 0)
-        if held:
-            record.msg = f"{record.msg} (and {held} more like it in the last {now - last[0]:.0f} s)"  # type: ignore[index]
+        if held and last is not None:
+            record.msg = f"{record.msg} (and {held} more like it in the last {now - last[0]:.0f} s)"
         return True
 
 
@@ -277,7 +277,7 @@ async def started(client: T) -> AsyncIterator[T]:
     """``async with started(AIOKafkaProducer(...)) as producer``: started, and closed on the way out
     (by :func:`close_client`), a failed start included."""
     try:
-        await client.start()  # type: ignore[attr-defined]
+        await client.start()  # type: ignore[attr-defined]  # any aiokafka client: they share no base that has start
         yield client
     finally:
         await close_client(client)

@@ -56,6 +56,6 @@ class RegistryFeed:
         except ContractError as error:
             log.warning("registry record at %s does not decode: %s", topic, error)
             return
-        problem = self.registry.apply(topic, key, value, headers, record)  # type: ignore[arg-type]
+        problem = self.registry.apply(topic, key, value, headers, record)  # type: ignore[arg-type]  # the seam's headers and Kafka's are alike
         if problem is not None:
             log.warning("registry record for %r refused: %s", record.name, problem.detail)

@@ -515,16 +515,15 @@ _ANSWER_TYPES = frozenset(_ANSWERS)
 
 def _stamp(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
     """Advance the book's clock and remember the deciding request (not the holders/queue)."""
-    kind = type(event)
-    if kind is WaitEdgeAdded:
-        stamp = event.added_at_ms  # type: ignore[union-attr]
-    elif kind is WaitEdgeRemoved:
-        stamp = event.removed_at_ms  # type: ignore[union-attr]
+    if isinstance(event, WaitEdgeAdded):
+        stamp = event.added_at_ms
+    elif isinstance(event, WaitEdgeRemoved):
+        stamp = event.removed_at_ms
     else:
-        stamp = event.decided_at_ms  # type: ignore[union-attr]
+        stamp = event.decided_at_ms
     if stamp > book.clock_ms:
         book.clock_ms = stamp
-    if kind in _ANSWER_TYPES:
+    if type(event) in _ANSWER_TYPES:
         _remember(book, event, rules)
 
 
@@ -962,7 +961,10 @@ def _run(view: LeaseBook, command: LockCommand, now_ms: int, cause: Cause, rules
 
 def _sender(command: LockCommand) -> str:
     """Whose request id a command's is: its agent's; an operator's or the detector's for a revoke."""
-    return command.requested_by if isinstance(command, LockRevokeRequested) else command.agent_id  # type: ignore[union-attr]
+    if isinstance(command, LockRevokeRequested):
+        return command.requested_by
+    assert not isinstance(command, LockTick), "a tick is nobody's request"
+    return command.agent_id
 
 
 def _taken(book: LeaseBook, request_id: str, sender: str) -> bool | None:

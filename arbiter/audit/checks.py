@@ -47,6 +47,7 @@ from arbiter.schemas import (
     LockGranted,
     LockQueued,
     LockReleased,
+    LockRenewed,
     LockRequested,
     LockRevoked,
     LockRevokeRequested,
@@ -148,8 +149,25 @@ def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, l
                       findings: Findings, context: Collection[str] = ()) -> dict[str, int]:
     """Compare re-derived decisions with the recorded ones, per input and key. ``context``: positions of
     decisions kept only as context (an audit checkpoint's live state, whose inputs it no longer holds)."""
+    recorded, reached = _recorded_decisions(log, settings, findings, context)
+    by_position = {(e.topic, e.partition, e.offset): e for e, _ in decided}
+    stats = {"inputs": len(decided), "decisions": 0, "redelivered": 0, "dead_lettered": 0}
+    derived = _derived_decisions(log, settings, decided, reached, findings, stats)
+    for group in sorted(derived.keys() | recorded.keys()):
+        want, got = derived.get(group, []), recorded.get(group, [])
+        stats["decisions"] += len(want)
+        if want and len(got) == len(want) and all(e.record == r for e, r in zip(got, want, strict=True)):
+            continue  # the common case: recorded once, as decided
+        stats["redelivered"] += _compare(log, group, want, got, by_position.get(group[0]), reached, findings)
+    _check_processor_commands(log, settings, decided, reached, findings)
+    return stats
+
+
+def _recorded_decisions(log: Log, settings: Settings, findings: Findings, context: Collection[str]
+                        ) -> tuple[dict[_Group, list[Entry]], dict[tuple[str, int], int]]:
+    """The recorded decisions, grouped by the input that caused them, its topic and key; and per input
+    partition, the last offset any of them names (where the workers got to)."""
     topics = settings.topics
-    decision_topics = {topics.resource_events, topics.saga_events, topics.wait_edges}
     recorded: dict[_Group, list[Entry]] = defaultdict(list)
     reached: dict[tuple[str, int], int] = {}
     for topic in (topics.resource_events, topics.saga_events, topics.wait_edges):
@@ -175,11 +193,19 @@ def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, l
             recorded[cause, topic, entry.key or b""].append(entry)
             tp = cause[0], cause[1]
             reached[tp] = max(reached.get(tp, -1), cause[2])
+    return recorded, reached
+
+
+def _derived_decisions(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]]],
+                       reached: dict[tuple[str, int], int], findings: Findings,
+                       stats: dict[str, int]) -> dict[_Group, list[Record]]:
+    """The re-derived decisions, grouped as ``_recorded_decisions`` groups the recorded ones; an input the
+    replay dead-letters must have its letter in the log once the workers got past it."""
+    topics = settings.topics
+    decision_topics = {topics.resource_events, topics.saga_events, topics.wait_edges}
     lettered = {(letter.source.topic, letter.source.partition, letter.source.offset)
                 for _entry, letter in dead_letters(log, settings)}
-    by_position = {(e.topic, e.partition, e.offset): e for e, _ in decided}
     derived: dict[_Group, list[Record]] = defaultdict(list)
-    stats = {"inputs": len(decided), "decisions": 0, "redelivered": 0, "dead_lettered": 0}
     for entry, outputs in decided:
         position = entry.topic, entry.partition, entry.offset
         for topic, key, record in outputs:
@@ -190,53 +216,59 @@ def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, l
                                  "topic has no letter for it", [entry])
             elif topic in decision_topics and (topic != topics.wait_edges or isinstance(record, DeadlockDetected)):
                 derived[position, topic, key].append(record)
-    for group in sorted(derived.keys() | recorded.keys()):
-        position, _topic, key = group
-        want, got = derived.get(group, []), recorded.get(group, [])
-        stats["decisions"] += len(want)
-        if want and len(got) == len(want) and all(e.record == r for e, r in zip(got, want, strict=True)):
-            continue  # the common case: recorded once, as decided
-        source = by_position.get(position)
-        resource = key.decode("utf-8", errors="replace")
-        if not got:
-            tail = position[2] > reached.get((position[0], position[1]), -1)
-            findings.add("determinism", f"the replay decides {len(want)} event(s) here ({_names(want)}) but the log "
-                         "recorded none" + (": not yet processed when the log was read" if tail else ""),
-                         [source] if source else [], open_=tail, resource=resource)
-            continue
-        if not want:
-            findings.forged.update(e.where for e in got)
-            findings.add("determinism", f"recorded {_names([e.record for e in got])} has no cause in the replay: "
-                         f"its input at {position[0]}[{position[1]}]@{position[2]} decides nothing of the kind "
-                         "(forged, or decided by different code)", got, resource=resource)
-            continue
-        # Under at-least-once a decision can be written again, whole or in part, and two
-        # owners of a partition in a rebalance can interleave their identical copies: keep
-        # the first copy of each event, in log order.
-        firsts: list[Entry] = []
-        seen: set[tuple[str, str]] = set()
-        for entry in got:
-            ident = identity(entry.record)  # type: ignore[arg-type]
-            if ident not in seen:
-                seen.add(ident)
-                firsts.append(entry)
-        records = [e.record for e in firsts]
-        if records == want:
-            stats["redelivered"] += len(got) - len(firsts)
-            continue
-        last = got[-1]
-        if records == want[:len(records)] and last is log.partitions[last.topic, last.partition][-1]:
-            findings.add("determinism", f"only {len(records)} of the {len(want)} events decided here were in the "
-                         "log when it was read (still being written)", [last], open_=True, resource=resource)
-            continue
-        index = next((i for i, (a, b) in enumerate(zip(records, want, strict=False)) if a != b),
-                     min(len(records), len(want)))
-        bad = firsts[min(index, len(firsts) - 1)]
-        findings.add("determinism", f"the log recorded {_names(records)} but the replay decides {_names(want)}; "
-                     f"first difference at event {index + 1}", [bad, *([source] if source else [])],
-                     resource=resource)
-    _check_processor_commands(log, settings, decided, reached, findings)
-    return stats
+    return derived
+
+
+def _compare(log: Log, group: _Group, want: list[Record], got: list[Entry], source: Entry | None,
+             reached: dict[tuple[str, int], int], findings: Findings) -> int:
+    """Report how the decisions recorded for one input and key (``got``) differ from the re-derived ones
+    (``want``), if they do; returns how many recorded copies were redeliveries of the same decisions."""
+    position, _topic, key = group
+    resource = key.decode("utf-8", errors="replace")
+    if not got:
+        tail = position[2] > reached.get((position[0], position[1]), -1)
+        findings.add("determinism", f"the replay decides {len(want)} event(s) here ({_names(want)}) but the log "
+                     "recorded none" + (": not yet processed when the log was read" if tail else ""),
+                     [source] if source else [], open_=tail, resource=resource)
+        return 0
+    if not want:
+        findings.forged.update(e.where for e in got)
+        findings.add("determinism", f"recorded {_names([e.record for e in got])} has no cause in the replay: "
+                     f"its input at {position[0]}[{position[1]}]@{position[2]} decides nothing of the kind "
+                     "(forged, or decided by different code)", got, resource=resource)
+        return 0
+    firsts = _first_copies(got)
+    records = [e.record for e in firsts]
+    if records == want:
+        return len(got) - len(firsts)
+    last = got[-1]
+    if records == want[:len(records)] and last is log.partitions[last.topic, last.partition][-1]:
+        findings.add("determinism", f"only {len(records)} of the {len(want)} events decided here were in the "
+                     "log when it was read (still being written)", [last], open_=True, resource=resource)
+        return 0
+    index = next((i for i, (a, b) in enumerate(zip(records, want, strict=False)) if a != b),
+                 min(len(records), len(want)))
+    bad = firsts[min(index, len(firsts) - 1)]
+    findings.add("determinism", f"the log recorded {_names(records)} but the replay decides {_names(want)}; "
+                 f"first difference at event {index + 1}", [bad, *([source] if source else [])],
+                 resource=resource)
+    return 0
+
+
+def _first_copies(got: list[Entry]) -> list[Entry]:
+    """The first copy of each recorded event, in log order.
+
+    Under at-least-once a decision can be written again, whole or in part, and two owners of a
+    partition in a rebalance can interleave their identical copies.
+    """
+    firsts: list[Entry] = []
+    seen: set[tuple[str, str]] = set()
+    for entry in got:
+        ident = identity(entry.record)  # type: ignore[arg-type]  # grouped only if it decodes: never None
+        if ident not in seen:
+            seen.add(ident)
+            firsts.append(entry)
+    return firsts
 
 
 def _check_processor_commands(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]]],
@@ -336,10 +368,10 @@ def check_leases_and_writes(log: Log, settings: Settings, findings: Findings) ->
                 unended[event.resource].pop(event.token, None)
                 stats["expiries"] += isinstance(event, LockExpired)
                 stats["revocations"] += isinstance(event, LockRevoked)
-        elif type(event).__name__ == "LockRenewed":
-            lease = leases[event.resource].get(event.token)  # type: ignore[union-attr]
+        elif isinstance(event, LockRenewed):
+            lease = leases[event.resource].get(event.token)
             if lease is not None:
-                lease.expires_at_ms = event.expires_at_ms  # type: ignore[union-attr]
+                lease.expires_at_ms = event.expires_at_ms
         elif isinstance(event, ToolApplied):
             if applied.get((event.resource, event.intent_id)) == event:
                 continue  # redelivered copy
@@ -459,36 +491,7 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
     """Every acquire and every intent got exactly one final outcome (a refusal of a copy for its send
     time alone, ``refused_for_its_send_time``, answers that copy: it is the outcome only of an id
     that has no other)."""
-    topics = settings.topics
-    rules = rules_of(log, settings)[0]
-    # Per (resource, request id, agent): a request id is its sender's, and another agent's command with
-    # the same id gets an answer of its own (request_id_taken), which is not this request's outcome.
-    finals: dict[tuple[str, str, str], set[tuple[str, str]]] = defaultdict(set)
-    final_at: dict[tuple[str, str, str], Entry] = {}
-    queued: set[tuple[str, str, str]] = set()
-    trained: set[tuple[str, str]] = set()
-    """Merges that joined their train (an answer comes when they land or leave)."""
-    outcomes: dict[tuple[str, str], set[tuple[str, str]]] = defaultdict(set)  # (resource, intent id): its scope
-    outcome_at: dict[tuple[str, str], Entry] = {}
-    copies_refused: set[tuple[str, ...]] = set()  # ids some copy of which was refused for its send time
-    for entry in log.of(topics.resource_events):
-        e = entry.record
-        if entry.where in findings.intrusions:
-            continue
-        if isinstance(e, LockDenied) and refused_for_its_send_time(log, e, rules.leases.clock_skew_ms):
-            copies_refused.add((e.resource, e.request_id, e.agent_id))
-        elif isinstance(e, ToolRejected) and refused_for_its_send_time(log, e, rules.gateway.clock_skew_ms):
-            copies_refused.add((e.resource, e.intent_id))
-        elif isinstance(e, _FINAL):
-            finals[e.resource, e.request_id, e.agent_id].add(identity(e))
-            final_at.setdefault((e.resource, e.request_id, e.agent_id), entry)
-        elif isinstance(e, LockQueued):
-            queued.add((e.resource, e.request_id, e.agent_id))
-        elif isinstance(e, MergeQueued):
-            trained.add((e.resource, e.intent_id))
-        elif isinstance(e, ToolApplied | ToolRejected):
-            outcomes[e.resource, e.intent_id].add(identity(e))
-            outcome_at.setdefault((e.resource, e.intent_id), entry)
+    answered = _recorded_outcomes(log, settings, findings)
     last_processed = _last_processed(log, settings, findings)
     asked: set[tuple[str, str, str]] = set()
     asked_intents: set[tuple[str, str]] = set()
@@ -496,7 +499,7 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
     # A command the trust gate refused was never decided: its answer (a denial naming the reason)
     # went to the inbox of the agent it claims to be from, and ``authenticated`` accounts for it.
     refused = refused_positions(log, settings)
-    for entry in log.of(topics.resource_commands):
+    for entry in log.of(settings.topics.resource_commands):
         c = entry.record
         if refused and (entry.topic, entry.partition, entry.offset) in refused:
             continue
@@ -506,34 +509,91 @@ def check_outcomes(log: Log, settings: Settings, findings: Findings) -> dict[str
                 continue
             asked.add(ident)
             stats["acquires"] += 1
-            got = finals.get(ident, set())
-            if len(got) > 1:
-                findings.add("one_outcome", f"request {c.request_id} of {c.agent_id} got {len(got)} final outcomes: "
-                             f"{', '.join(sorted(name for name, _ in got))}", [entry, final_at[ident]],
-                             resource=c.resource)
-            elif not got and ident not in copies_refused:
-                still = ident in queued
-                processed = entry.offset <= last_processed.get(entry.partition, -1)
-                findings.add("one_outcome", f"request {c.request_id} of {c.agent_id} "
-                             + ("is still queued" if still else "got no answer"), [entry],
-                             open_=still or not processed, resource=c.resource)
+            _check_acquire(entry, c, answered, last_processed, findings)
         elif isinstance(c, ToolIntent) and entry.key == c.resource.encode():
             scoped = c.resource, c.intent_id
             if scoped in asked_intents:
                 continue
             asked_intents.add(scoped)
             stats["intents"] += 1
-            answers = outcomes.get(scoped, set())
-            if len(answers) > 1:
-                findings.add("one_outcome", f"intent {c.intent_id} got {len(answers)} different outcomes",
-                             [entry, outcome_at[scoped]], resource=c.resource)
-            elif not answers and scoped not in copies_refused:
-                processed = entry.offset <= last_processed.get(entry.partition, -1)
-                waits = scoped in trained
-                findings.add("one_outcome", f"intent {c.intent_id} of {c.agent_id} "
-                             + ("still waits in its merge train" if waits else "got no outcome"), [entry],
-                             open_=waits or not processed, resource=c.resource)
+            _check_intent(entry, c, answered, last_processed, findings)
     return stats
+
+
+@dataclass
+class _Outcomes:
+    """What the recorded decisions answered, per request and per intent (``check_outcomes``)."""
+
+    finals: dict[tuple[str, str, str], set[tuple[str, str]]] = field(default_factory=lambda: defaultdict(set))
+    """Per (resource, request id, agent): a request id is its sender's, and another agent's command with
+    the same id gets an answer of its own (request_id_taken), which is not this request's outcome."""
+    final_at: dict[tuple[str, str, str], Entry] = field(default_factory=dict)
+    queued: set[tuple[str, str, str]] = field(default_factory=set)
+    trained: set[tuple[str, str]] = field(default_factory=set)
+    """Merges that joined their train (an answer comes when they land or leave)."""
+    outcomes: dict[tuple[str, str], set[tuple[str, str]]] = field(default_factory=lambda: defaultdict(set))
+    """Per (resource, intent id): its scope."""
+    outcome_at: dict[tuple[str, str], Entry] = field(default_factory=dict)
+    copies_refused: set[tuple[str, ...]] = field(default_factory=set)
+    """Ids some copy of which was refused for its send time."""
+
+
+def _recorded_outcomes(log: Log, settings: Settings, findings: Findings) -> _Outcomes:
+    """Every final outcome the log records for a request or an intent, except what ``authenticated`` named."""
+    rules = rules_of(log, settings)[0]
+    answered = _Outcomes()
+    for entry in log.of(settings.topics.resource_events):
+        e = entry.record
+        if entry.where in findings.intrusions:
+            continue
+        if isinstance(e, LockDenied) and refused_for_its_send_time(log, e, rules.leases.clock_skew_ms):
+            answered.copies_refused.add((e.resource, e.request_id, e.agent_id))
+        elif isinstance(e, ToolRejected) and refused_for_its_send_time(log, e, rules.gateway.clock_skew_ms):
+            answered.copies_refused.add((e.resource, e.intent_id))
+        elif isinstance(e, _FINAL):
+            answered.finals[e.resource, e.request_id, e.agent_id].add(identity(e))
+            answered.final_at.setdefault((e.resource, e.request_id, e.agent_id), entry)
+        elif isinstance(e, LockQueued):
+            answered.queued.add((e.resource, e.request_id, e.agent_id))
+        elif isinstance(e, MergeQueued):
+            answered.trained.add((e.resource, e.intent_id))
+        elif isinstance(e, ToolApplied | ToolRejected):
+            answered.outcomes[e.resource, e.intent_id].add(identity(e))
+            answered.outcome_at.setdefault((e.resource, e.intent_id), entry)
+    return answered
+
+
+def _check_acquire(entry: Entry, c: LockRequested, answered: _Outcomes, last_processed: dict[int, int],
+                   findings: Findings) -> None:
+    """One acquire (its first copy in the log): exactly one final outcome, or still queued."""
+    ident = c.resource, c.request_id, c.agent_id
+    got = answered.finals.get(ident, set())
+    if len(got) > 1:
+        findings.add("one_outcome", f"request {c.request_id} of {c.agent_id} got {len(got)} final outcomes: "
+                     f"{', '.join(sorted(name for name, _ in got))}", [entry, answered.final_at[ident]],
+                     resource=c.resource)
+    elif not got and ident not in answered.copies_refused:
+        still = ident in answered.queued
+        processed = entry.offset <= last_processed.get(entry.partition, -1)
+        findings.add("one_outcome", f"request {c.request_id} of {c.agent_id} "
+                     + ("is still queued" if still else "got no answer"), [entry],
+                     open_=still or not processed, resource=c.resource)
+
+
+def _check_intent(entry: Entry, c: ToolIntent, answered: _Outcomes, last_processed: dict[int, int],
+                  findings: Findings) -> None:
+    """One intent (its first copy in the log): exactly one outcome, or still waiting in its merge train."""
+    scoped = c.resource, c.intent_id
+    answers = answered.outcomes.get(scoped, set())
+    if len(answers) > 1:
+        findings.add("one_outcome", f"intent {c.intent_id} got {len(answers)} different outcomes",
+                     [entry, answered.outcome_at[scoped]], resource=c.resource)
+    elif not answers and scoped not in answered.copies_refused:
+        processed = entry.offset <= last_processed.get(entry.partition, -1)
+        waits = scoped in answered.trained
+        findings.add("one_outcome", f"intent {c.intent_id} of {c.agent_id} "
+                     + ("still waits in its merge train" if waits else "got no outcome"), [entry],
+                     open_=waits or not processed, resource=c.resource)
 
 
 def check_merges(log: Log, settings: Settings, findings: Findings) -> dict[str, int]:

@@ -32,6 +32,9 @@ ALLOWED = {
         "aiokafka's admin client has no public way to ask one given broker for metadata, which creating a topic on a "
         "cluster must wait on",
     ("*", "_exit"): "os._exit is public API (exit at once, from a watchdog thread)",
+    ("edge/arbiter/edge/kafkaio/aio.py", "_client"):
+        "aiokafka's consumer has no public call that returns fresh metadata with partition counts (topics() fetches "
+        "it and keeps only the names): the fallback client's partitions of a topic created a moment ago",
 }
 PUBLIC_UNDERSCORED = {"KafkaError": "confluent-kafka names librdkafka's local error codes with a leading underscore "
                                     "(KafkaError._ALL_BROKERS_DOWN, ...): documented constants, not private state"}
@@ -102,17 +105,14 @@ LONG_ALLOWED: dict[str, str] = {
     "arbiter/demo/command.py:_demo": "",
     "arbiter/chaos/runner.py:_exercise": "",
     "streams/arbiter/streams/tools/ledger.py:register_ledger_tools": "",
-    "arbiter/audit/checks.py:check_determinism": "",
     "arbiter/kafka/__init__.py:_write_config": "",
-    "arbiter/audit/__init__.py:_audit": "",
     "arbiter/demo/rogue.py:_attacks": "",
     "edge/arbiter/edge/livefeed.py:apply": "",
-    "arbiter/audit/checks.py:check_outcomes": "",
     "arbiter/demo/runs.py:safe_swarm": "",
     "streams/arbiter/streams/runtime/worker.py:run": "",
 }
 """Functions over 70 lines still to split (issue 38: this list ends empty)."""
-INIT_ALLOWED = {"arbiter/kafka/__init__.py", "arbiter/audit/__init__.py", "edge/arbiter/edge/kafkaio/__init__.py",
+INIT_ALLOWED = {"arbiter/kafka/__init__.py", "edge/arbiter/edge/kafkaio/__init__.py",
                 "arbiter/chaos/__init__.py", "streams/arbiter/streams/shells/__init__.py"}
 """Package __init__ modules that still hold more than re-exports (this list ends empty)."""
 
@@ -172,6 +172,5 @@ def test_every_type_ignore_says_why() -> None:
     assert not bare or set(bare) <= TYPE_IGNORE_ALLOWED, sorted(set(bare) - TYPE_IGNORE_ALLOWED)
 
 
-TYPE_IGNORE_ALLOWED = {"arbiter/audit/checks.py:219", "arbiter/audit/checks.py:340", "arbiter/audit/checks.py:342",
-                       "arbiter/demo/runs.py:122", "streams/arbiter/streams/runtime/worker.py:213"}
+TYPE_IGNORE_ALLOWED = {"arbiter/demo/runs.py:122", "streams/arbiter/streams/runtime/worker.py:213"}
 """Bare ones still to explain or remove (this list ends empty)."""

@@ -154,14 +154,14 @@ class AioReader:
     async def partitions(self, topic: str) -> int | None:
         consumer = self._started()
         try:
-            async with asyncio.timeout(METADATA_TIMEOUT_S):  # (topics() asks the cluster for every topic's
-                await consumer.topics()                        # metadata: the consumer's cache then has it)
+            async with asyncio.timeout(METADATA_TIMEOUT_S):  # (fresh metadata of every topic: the consumer's
+                cluster = await consumer._client.fetch_all_metadata()  # own cache holds only what it reads)
         except KafkaError as exc:
             raise io_error(exc, f"reading {topic}'s metadata") from exc
         except TimeoutError:
             raise KafkaIOError(f"no metadata within {METADATA_TIMEOUT_S:g} s: no broker answers",
                                retriable=True) from None
-        found = consumer.partitions_for_topic(topic)
+        found = cluster.partitions_for_topic(topic)
         if not found:
             return None
         self._topics.setdefault(topic, len(found))

@@ -297,6 +297,8 @@ class RdGroup:
             if high >= 0:
                 self._high[tp] = high
         if batch:
+            if self._errors.down_since is not None:
+                self._errors.answered()
             self._arrived.append(batch)
             self._wake_loop()
 

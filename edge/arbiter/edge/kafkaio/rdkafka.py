@@ -102,11 +102,15 @@ class _Errors:
     def __init__(self, name: str) -> None:
         self.name = name
         self.down: KafkaError | None = None
+        self.down_since: float | None = None
+        """When no broker answered first (``time.monotonic``), until one answers: said once, when it does."""
         self.watchers: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any]]] = []
 
     def __call__(self, err: KafkaError) -> None:  # in the client's polling thread
         if err.code() in _DOWN or err.fatal():
             self.down = err
+            if self.down_since is None:
+                self.down_since = time.monotonic()
             for loop, fut in self.watchers:
                 loop.call_soon_threadsafe(_fail, fut, io_error(err, f"Kafka ({self.name})"))
             _librdkafka.warning("%s: %s", self.name, err.str())
@@ -129,7 +133,14 @@ class _Errors:
         elif not watcher[1].cancelled():
             watcher[1].exception()  # (the call's own answer came first: this one is not news)
         if answered:
-            self.down = None
+            self.answered()
+
+    def answered(self) -> None:
+        """A broker answered (a call, a delivery, a fetch): an outage said before is over, and said so."""
+        self.down = None
+        since, self.down_since = self.down_since, None
+        if since is not None:
+            _librdkafka.warning("%s: Kafka reachable again after %.0f s", self.name, time.monotonic() - since)
 
 
 def _failure(fut: asyncio.Future[Any]) -> BaseException:
@@ -217,6 +228,8 @@ class PolledProducer:
     def _report(self, settle: Settle, err: KafkaError | None, _msg: Any) -> None:
         """librdkafka's delivery callback: runs inside ``poll`` or ``flush``, in their thread."""
         self._reports.append((settle, err))
+        if err is None and self._errors.down_since is not None:
+            self._errors.answered()
 
     async def stop(self) -> None:
         producer, self._producer = self._producer, None
@@ -602,8 +615,7 @@ class RdReader:
             if command[0] in ("offsets", "meta") and not command[3].done():
                 command[3].set_exception(exc)
 
-    @staticmethod
-    def _records(messages: list[Any]) -> list[Received]:
+    def _records(self, messages: list[Any]) -> list[Received]:
         records = []
         for message in messages:
             err = message.error()
@@ -613,4 +625,6 @@ class RdReader:
                 continue
             records.append(Received(message.topic(), message.partition(), message.offset(), message.key(),
                                     message.value(), message.headers() or [], message.timestamp()[1]))
+        if records and self._errors.down_since is not None:
+            self._errors.answered()
         return records

@@ -271,22 +271,13 @@ class LocalKafka:
         credentials file)."""
         secure = passwords is not None
         options = self.client_options() if secure and self.mode() == "secure" else {}
-        ports = [port for node in self.node_list for port in (node.port, node.controller_port)]
-        if len(set(ports)) < len(ports) or max(ports) > 65535:
-            raise LocalKafkaError(
-                f"{self.nodes} nodes need {len(ports)} distinct ports: node i listens on ARBITER_KAFKA_PORT + 2(i-1) "
-                f"and ARBITER_KAFKA_CONTROLLER_PORT + 2(i-1), which give {', '.join(map(str, ports))}; "
-                "set the controller port to the client port + 1")
+        self._check_distinct_ports()
         down = [node for node in self.node_list if self.pid_of(node) is None]
         if not down:
             if self._cluster_answers(options=options):
                 return f"already running ({self._pids_text()}) on {self.bootstrap}"
             return self._wait_ready({}, timeout, options=options)
-        for node in down:
-            for port in (node.port, node.controller_port):
-                if port_open(port):
-                    hint = "; use --bootstrap to use it" if port == node.port else ""
-                    raise LocalKafkaError(f"127.0.0.1:{port} is already in use by another process{hint}")
+        self._check_ports_free(down)
         check_release(down, self.version, self.say)
         java = jvm.find_java()
         self.fetch()
@@ -295,7 +286,33 @@ class LocalKafka:
                 folder.mkdir(parents=True, exist_ok=True)
             self._write_config(node, passwords)
         self._format_if_new(java, "secure" if secure else "plain", passwords, down)
+        # Read again: a first secure start has only now written its mode next to the new data.
         options = self.client_options() if secure else {}
+        self._warn_ephemeral(down)
+        self._log_marks = {node.id: jvm.log_sizes(node) for node in down}
+        started = {node.id: jvm.start(java, node, self._classpath(), self.settings.kafka_heap) for node in down}
+        return self._wait_ready(started, timeout, options=options)
+
+    def _check_distinct_ports(self) -> None:
+        """Refuse ports of nodes that coincide (or do not exist), before anything is started."""
+        ports = [port for node in self.node_list for port in (node.port, node.controller_port)]
+        if len(set(ports)) < len(ports) or max(ports) > 65535:
+            raise LocalKafkaError(
+                f"{self.nodes} nodes need {len(ports)} distinct ports: node i listens on ARBITER_KAFKA_PORT + 2(i-1) "
+                f"and ARBITER_KAFKA_CONTROLLER_PORT + 2(i-1), which give {', '.join(map(str, ports))}; "
+                "set the controller port to the client port + 1")
+
+    @staticmethod
+    def _check_ports_free(down: list[Node]) -> None:
+        """Refuse to start nodes whose ports another process holds (it may be another Kafka)."""
+        for node in down:
+            for port in (node.port, node.controller_port):
+                if port_open(port):
+                    hint = "; use --bootstrap to use it" if port == node.port else ""
+                    raise LocalKafkaError(f"127.0.0.1:{port} is already in use by another process{hint}")
+
+    def _warn_ephemeral(self, down: list[Node]) -> None:
+        """Say so when a node's client port lies where the kernel picks outgoing connections' ports."""
         for node in down:
             if in_ephemeral_range(node.port):
                 low, high = ephemeral_ports()
@@ -303,9 +320,6 @@ class LocalKafka:
                          "kernel picks outgoing connections' source ports: another program's connection may hold "
                          "it (Arbiter's clients never connect to themselves); a port below "
                          f"{low} avoids that")
-        self._log_marks = {node.id: jvm.log_sizes(node) for node in down}
-        started = {node.id: jvm.start(java, node, self._classpath(), self.settings.kafka_heap) for node in down}
-        return self._wait_ready(started, timeout, options=options)
 
     def first_error(self, node: Node) -> str:
         """The first ERROR or FATAL line (with the lines that explain it) that ``node`` logged since this
@@ -336,26 +350,34 @@ class LocalKafka:
         """Wait until the broker (every node) answers; ``started``: the processes started now, by node id."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for node in self.node_list:
-                proc = started.get(node.id)
-                if proc is not None and proc.poll() is not None:
-                    node.pid_file.unlink(missing_ok=True)
-                    self._stop([n for n in self.node_list if n.id in started and n.id != node.id], 30.0)
-                    raise self._exited(node, proc.returncode)
-                if proc is None and self.pid_of(node) is None:
-                    raise self._exited(node, None)
+            self._raise_if_exited(started)
             if self._cluster_answers(timeout=2.0, options=options):
-                if self.nodes == 1:
-                    verb = "started" if started else "running"
-                    return f"{verb} ({self._pids_text()}) on {self.bootstrap}, data in {self.data}"
-                what = ("running" if not started else "started" if len(started) == self.nodes
-                        else f"started {', '.join(f'node {i}' for i in started)} of")
-                return (f"{what} {self.nodes} nodes ({self._pids_text()}) on {self.bootstrap}, "
-                        f"data in {self.root / 'nodes'}")
+                return self._ready_text(started)
             time.sleep(0.3)
         self._stop([n for n in self.node_list if n.id in started] if started else self.node_list, 60.0)
         raise LocalKafkaError(f"the Kafka broker{'s' if self.nodes > 1 else ''} did not answer within {timeout:.0f}s",
                               self.log_tail(lines=40 if self.nodes == 1 else 15))
+
+    def _raise_if_exited(self, started: dict[int, subprocess.Popen[bytes]]) -> None:
+        """Fail the start when a node's broker has exited, stopping the others started with it."""
+        for node in self.node_list:
+            proc = started.get(node.id)
+            if proc is not None and proc.poll() is not None:
+                node.pid_file.unlink(missing_ok=True)
+                self._stop([n for n in self.node_list if n.id in started and n.id != node.id], 30.0)
+                raise self._exited(node, proc.returncode)
+            if proc is None and self.pid_of(node) is None:
+                raise self._exited(node, None)
+
+    def _ready_text(self, started: dict[int, subprocess.Popen[bytes]]) -> str:
+        """What ``up`` did, once every node answers: started (which nodes), or found running."""
+        if self.nodes == 1:
+            verb = "started" if started else "running"
+            return f"{verb} ({self._pids_text()}) on {self.bootstrap}, data in {self.data}"
+        what = ("running" if not started else "started" if len(started) == self.nodes
+                else f"started {', '.join(f'node {i}' for i in started)} of")
+        return (f"{what} {self.nodes} nodes ({self._pids_text()}) on {self.bootstrap}, "
+                f"data in {self.root / 'nodes'}")
 
     def down(self, timeout: float = 60.0) -> str:
         """Stop the broker (every node) cleanly: SIGTERM, then SIGKILL after ``timeout``."""

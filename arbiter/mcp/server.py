@@ -86,23 +86,24 @@ class Notifier:
         await self.bus.publish(ResourceUpdated(uri=notices_uri(agent)))
 
 
-def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter") -> MCPServer:
-    """An ``MCPServer`` with Arbiter's tools, answering the agent ``resolve`` names for each call."""
-    made: list[Tool] = []
+class ServerTools:
+    """Arbiter's MCP tools, one method each, answering the agent ``resolve`` names for each call.
 
-    def tool(*, annotations: ToolAnnotations) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            made.append(strict(Tool.from_function(fn, annotations=annotations)))
-            return fn
-        return register
+    Methods, not closures in ``build_server``: the SDK reads a bound method's name, signature and
+    docstring as it reads a function's (``self`` is not a parameter a caller sees), and the one thing
+    the tools share, ``resolve``, is this object's."""
 
-    async def tools_of(ctx: Context) -> AgentTools:
-        tools = await resolve(ctx)
+    def __init__(self, resolve: Resolve) -> None:
+        self.resolve = resolve
+
+    async def agent(self, ctx: Context) -> AgentTools:
+        """The calling agent's tools, marked active (this server renews an active agent's leases)."""
+        tools = await self.resolve(ctx)
         tools.touch()
         return tools
 
-    @tool(annotations=_writes(title="Acquire a lease", destructive=False, idempotent=True))
     async def acquire_lease(
+            self,
             resource: Resource, ctx: Context,
             mode: Annotated[str, Field(pattern="^(exclusive|shared)$",
                                        description="'exclusive' to write; 'shared' to read alongside others.")
@@ -115,36 +116,32 @@ def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter")
         writes from anyone whose lease is gone or older. While you keep calling tools, this server renews
         the lease for you; release_lease when done. Refused (ok=false) with the holder named if another
         agent keeps it past wait_seconds."""
-        return await (await tools_of(ctx)).acquire_lease(resource, mode, ttl_seconds, wait_seconds, priority)
+        return await (await self.agent(ctx)).acquire_lease(resource, mode, ttl_seconds, wait_seconds, priority)
 
-    @tool(annotations=_writes(title="Renew a lease", destructive=False, idempotent=True))
-    async def renew_lease(resource: Resource, ctx: Context,
+    async def renew_lease(self, resource: Resource, ctx: Context,
                           ttl_seconds: Annotated[float | None, Field(gt=0, le=3600)] = None) -> LeaseAnswer:
         """Extend a lease you hold now. Rarely needed: the server renews your leases while you are active.
         Use it before a long silent step (a long build) so the lease outlives it."""
-        return await (await tools_of(ctx)).renew_lease(resource, ttl_seconds)
+        return await (await self.agent(ctx)).renew_lease(resource, ttl_seconds)
 
-    @tool(annotations=_writes(title="Release a lease", destructive=False, idempotent=True))
-    async def release_lease(resource: Resource, ctx: Context) -> ReleaseAnswer:
+    async def release_lease(self, resource: Resource, ctx: Context) -> ReleaseAnswer:
         """Give a lease back as soon as you are done, so the next agent in line gets it."""
-        return await (await tools_of(ctx)).release_lease(resource)
+        return await (await self.agent(ctx)).release_lease(resource)
 
-    @tool(annotations=READ)
-    async def lease_status(ctx: Context) -> StatusAnswer:
+    async def lease_status(self, ctx: Context) -> StatusAnswer:
         """The leases you hold through this server, their tokens and how long they last, and the idle
         limit after which they stop being renewed."""
-        return await (await tools_of(ctx)).lease_status()
+        return await (await self.agent(ctx)).lease_status()
 
-    @tool(annotations=READ)
-    async def snapshot(resource: Resource, ctx: Context,
+    async def snapshot(self, resource: Resource, ctx: Context,
                        content: Annotated[bool, Field(description="Also return the content.")] = False
                        ) -> SnapshotAnswer:
         """A resource's current version, content hash and holders (and its content): read it before you
         plan a change, and use its version as base_version when you commit."""
-        return await (await tools_of(ctx)).snapshot(resource, content)
+        return await (await self.agent(ctx)).snapshot(resource, content)
 
-    @tool(annotations=_writes(title="Run a tool through the gateway", destructive=True, idempotent=True))
     async def execute_tool(
+            self,
             resource: Resource, tool: Annotated[str, Field(min_length=1, max_length=200)],
             arguments: dict[str, Any], ctx: Context,
             base_version: Annotated[int | None, Field(ge=0, description="For a resource you hold no lease on: "
@@ -155,19 +152,17 @@ def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter")
         """Run a registered tool on a resource, through the gateway: fenced by your lease's token (or
         checked against base_version). A refusal says why: your lease is gone, your token is stale, or the
         resource moved since your base (with what changed)."""
-        return await (await tools_of(ctx)).execute_tool(resource, tool, arguments, base_version, intent_id)
+        return await (await self.agent(ctx)).execute_tool(resource, tool, arguments, base_version, intent_id)
 
-    @tool(annotations=_writes(title="Commit a change", destructive=True, idempotent=True))
-    async def commit(resource: Resource, base_version: Annotated[int, Field(ge=0)], patch: dict[str, Any],
+    async def commit(self, resource: Resource, base_version: Annotated[int, Field(ge=0)], patch: dict[str, Any],
                      ctx: Context, intent_id: Annotated[str | None, Field(max_length=200)] = None
                      ) -> OutcomeAnswer:
         """Optimistic write: apply a JSON merge patch to a document, if it is still at base_version. On a
         version_conflict the diagnostic carries the changes since your base: rebase your patch on them and
         commit again with the new version."""
-        return await (await tools_of(ctx)).commit(resource, base_version, patch, intent_id)
+        return await (await self.agent(ctx)).commit(resource, base_version, patch, intent_id)
 
-    @tool(annotations=_writes(title="Wait on another agent", destructive=False, idempotent=True))
-    async def delegate(to: Annotated[str, Field(min_length=1, max_length=200)], ctx: Context,
+    async def delegate(self, to: Annotated[str, Field(min_length=1, max_length=200)], ctx: Context,
                        task: Annotated[str, Field(max_length=2000)] = "",
                        finished: Annotated[bool, Field(description="True when the work you handed over is "
                                                        "done, or you stop waiting.")] = False
@@ -175,64 +170,101 @@ def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter")
         """Say that you hand work to another agent and wait on it, so Arbiter's deadlock detector sees it;
         call again with finished=true when it is done. If a wait cycle forms and you are chosen to break
         it, a notice says so."""
-        return await (await tools_of(ctx)).delegate(to, task, finished)
+        return await (await self.agent(ctx)).delegate(to, task, finished)
 
-    @tool(annotations=_writes(title="Make your sandbox", destructive=False, idempotent=True))
-    async def sandbox_create(repository: Repository, ctx: Context,
+    async def sandbox_create(self, repository: Repository, ctx: Context,
                              base: Annotated[str, Field(min_length=1, max_length=200)] = "main"
                              ) -> SandboxAnswer:
         """Make (or find) your own git worktree of a repository, on your own branch. Edit and commit only
         there: other agents never see your work until sandbox_merge lands it."""
-        return await (await tools_of(ctx)).sandbox_create(repository, base)
+        return await (await self.agent(ctx)).sandbox_create(repository, base)
 
-    @tool(annotations=_writes(title="Merge your sandbox", destructive=True, idempotent=False))
-    async def sandbox_merge(repository: Repository, message: Annotated[str, Field(min_length=1, max_length=10_000)],
+    async def sandbox_merge(self, repository: Repository,
+                            message: Annotated[str, Field(min_length=1, max_length=10_000)],
                             ctx: Context) -> OutcomeAnswer:
         """Merge your sandbox's commits into the target branch through the merge queue, after the
         repository's own check (its tests, as the operator configured them) passes on the result. A conflict
         is version_conflict with the paths and the commits that landed since your base: sandbox_rebase,
         resolve, commit, merge again. A failing check is check_failed with its output."""
-        return await (await tools_of(ctx)).sandbox_merge(repository, message)
+        return await (await self.agent(ctx)).sandbox_merge(repository, message)
 
-    @tool(annotations=_writes(title="Rebase your sandbox", destructive=False, idempotent=True))
-    async def sandbox_rebase(repository: Repository, ctx: Context) -> RebaseAnswer:
+    async def sandbox_rebase(self, repository: Repository, ctx: Context) -> RebaseAnswer:
         """Rebase your sandbox onto the target's new head. Answers the paths that still conflict (the
         rebase is then undone and your sandbox is as it was), or none when done."""
-        return await (await tools_of(ctx)).sandbox_rebase(repository)
+        return await (await self.agent(ctx)).sandbox_rebase(repository)
 
-    @tool(annotations=_writes(title="Claim paths", destructive=False, idempotent=True))
-    async def claim_paths(repository: Repository,
+    async def claim_paths(self, repository: Repository,
                           paths: Annotated[list[str], Field(max_length=200, description="Paths or globs "
                                                             "('src/auth/**'); [] withdraws your claim.")],
                           ctx: Context) -> ClaimsAnswer:
         """Announce which paths you will work on, before you start, and see other agents' claims that
         overlap them. Claims block nothing (git decides conflicts at merge), but they tell you whom you
         would collide with."""
-        return await (await tools_of(ctx)).claim_paths(repository, paths)
+        return await (await self.agent(ctx)).claim_paths(repository, paths)
 
-    @tool(annotations=READ)
-    async def claims(repository: Repository, ctx: Context) -> ClaimsAnswer:
+    async def claims(self, repository: Repository, ctx: Context) -> ClaimsAnswer:
         """Every agent's path claims on a repository: check before you pick what to change."""
-        return await (await tools_of(ctx)).claims(repository)
+        return await (await self.agent(ctx)).claims(repository)
 
-    @tool(annotations=READ)
-    async def explain_rejection(diagnostic: Annotated[dict[str, Any], Field(description="The 'diagnostic' "
+    async def explain_rejection(self,
+                                diagnostic: Annotated[dict[str, Any], Field(description="The 'diagnostic' "
                                                                             "of a refused answer.")],
                                 ctx: Context) -> Explanation:
         """Turn a refusal's diagnostic into the next step to take, and whether retrying as is can work."""
-        return await (await tools_of(ctx)).explain_rejection(diagnostic)
+        return await (await self.agent(ctx)).explain_rejection(diagnostic)
 
-    server: MCPServer = MCPServer(name, instructions=INSTRUCTIONS, version="1", log_level="WARNING",
-                                  subscriptions=notifier.bus, tools=made)
-
-    @server.resource("arbiter://agents/{agent}/notices", mime_type="application/json")
-    async def notices(agent: str, ctx: Context) -> str:
+    async def notices(self, agent: str, ctx: Context) -> str:
         """The notices of your session (revokes, lapses, deadlocks), newest last."""
-        tools = await resolve(ctx)
+        tools = await self.resolve(ctx)
         if tools.agent != agent:
             return json.dumps({"error": "forbidden", "detail": "you may read only your own notices"})
         return json.dumps({"agent": agent, "notices": tools.history})
 
+
+def _tool(fn: Callable[..., Any], annotations: ToolAnnotations) -> Tool:
+    """``fn`` as a tool with these hints, refusing arguments it does not take."""
+    return strict(Tool.from_function(fn, annotations=annotations))
+
+
+def lease_tools(tools: ServerTools) -> list[Tool]:
+    """Take, renew, give back and list leases."""
+    return [
+        _tool(tools.acquire_lease, _writes(title="Acquire a lease", destructive=False, idempotent=True)),
+        _tool(tools.renew_lease, _writes(title="Renew a lease", destructive=False, idempotent=True)),
+        _tool(tools.release_lease, _writes(title="Release a lease", destructive=False, idempotent=True)),
+        _tool(tools.lease_status, READ),
+    ]
+
+
+def resource_tools(tools: ServerTools) -> list[Tool]:
+    """Read a resource, change it through the gateway, and say whom you wait on."""
+    return [
+        _tool(tools.snapshot, READ),
+        _tool(tools.execute_tool, _writes(title="Run a tool through the gateway", destructive=True, idempotent=True)),
+        _tool(tools.commit, _writes(title="Commit a change", destructive=True, idempotent=True)),
+        _tool(tools.delegate, _writes(title="Wait on another agent", destructive=False, idempotent=True)),
+    ]
+
+
+def sandbox_tools(tools: ServerTools) -> list[Tool]:
+    """Work on a repository: a sandbox of one's own, its merge and rebase, and path claims."""
+    return [
+        _tool(tools.sandbox_create, _writes(title="Make your sandbox", destructive=False, idempotent=True)),
+        _tool(tools.sandbox_merge, _writes(title="Merge your sandbox", destructive=True, idempotent=False)),
+        _tool(tools.sandbox_rebase, _writes(title="Rebase your sandbox", destructive=False, idempotent=True)),
+        _tool(tools.claim_paths, _writes(title="Claim paths", destructive=False, idempotent=True)),
+        _tool(tools.claims, READ),
+    ]
+
+
+def build_server(resolve: Resolve, notifier: Notifier, *, name: str = "arbiter") -> MCPServer:
+    """An ``MCPServer`` with Arbiter's tools, answering the agent ``resolve`` names for each call."""
+    tools = ServerTools(resolve)
+    # The order here is the order tools/list shows them in.
+    made = [*lease_tools(tools), *resource_tools(tools), *sandbox_tools(tools), _tool(tools.explain_rejection, READ)]
+    server: MCPServer = MCPServer(name, instructions=INSTRUCTIONS, version="1", log_level="WARNING",
+                                  subscriptions=notifier.bus, tools=made)
+    server.resource("arbiter://agents/{agent}/notices", mime_type="application/json")(tools.notices)
     return server
 
 

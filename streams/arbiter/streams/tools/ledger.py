@@ -20,12 +20,13 @@ never the answer to bad input.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, TypeVar, cast
@@ -37,6 +38,7 @@ from arbiter.streams.tools.merges import Failpoint
 from arbiter.streams.tools.registry import ToolCall, ToolError, ToolRegistry
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 SCHEMA = [
     """CREATE TABLE IF NOT EXISTS accounts (
@@ -368,99 +370,115 @@ def _move(cur: Any, source: str, target: str, amount: int) -> int:
     return int(cur.run("SELECT balance FROM accounts WHERE id = ?", (source,))[0][0])
 
 
+async def read(ledger: Ledger, resource: str) -> dict[str, Any] | None:
+    """An account's balance, or a document's revision and body; None for anything else."""
+    prefix, _, name = resource.partition(":")
+
+    def work(cur: Any) -> dict[str, Any] | None:
+        if prefix == "account" and name:
+            rows = cur.run("SELECT balance FROM accounts WHERE id = ?", (name,))
+            return {"account": name, "balance": int(rows[0][0])} if rows else None
+        rows = cur.run("SELECT revision, body FROM documents WHERE id = ?", (resource,))
+        return {"document": resource, "revision": int(rows[0][0]), "body": json.loads(rows[0][1])} \
+            if rows else None
+
+    return await ledger.call(work)
+
+
+async def refund(ledger: Ledger, call: ToolCall) -> dict[str, Any]:
+    """Pay a refund from the account into payouts."""
+    args = call.arguments
+    assert isinstance(args, RefundArgs)
+    account = _account_of(call.resource)
+    if account == PAYOUTS:
+        raise ToolError(f"refunds are paid into {PAYOUTS!r}: a refund from it would pay itself")
+
+    def apply(cur: Any) -> dict[str, Any]:
+        balance = _move(cur, account, PAYOUTS, args.amount)
+        cur.run("INSERT INTO refunds (intent_id, account, order_id, amount) VALUES (?, ?, ?, ?)",
+                (call.intent_id, account, args.order_id, args.amount))
+        return {"account": account, "order_id": args.order_id, "amount": args.amount, "balance": balance}
+
+    return await _once(ledger, call, "refund", apply)
+
+
+async def reverse_refund(ledger: Ledger, call: ToolCall) -> dict[str, Any]:
+    """Take a refund back from payouts (the compensation of refund)."""
+    args = call.arguments
+    assert isinstance(args, ReverseRefundArgs)
+
+    def apply(cur: Any) -> dict[str, Any]:
+        rows = cur.run("SELECT account, amount, reversed_by FROM refunds WHERE intent_id = ? AND account = ?",
+                       (args.refund_intent_id, _account_of(call.resource)))
+        if not rows:
+            return {"reversed": None, "note": "no such refund; nothing to undo"}
+        account, amount, reversed_by = rows[0]
+        if reversed_by:
+            return {"reversed": args.refund_intent_id, "note": f"already reversed by {reversed_by}"}
+        _move(cur, PAYOUTS, account, int(amount))
+        cur.run("UPDATE refunds SET reversed_by = ? WHERE intent_id = ? AND account = ?",
+                (call.intent_id, args.refund_intent_id, account))
+        return {"reversed": args.refund_intent_id, "amount": int(amount)}
+
+    return await _once(ledger, call, "reverse_refund", apply)
+
+
+async def transfer(ledger: Ledger, call: ToolCall) -> dict[str, Any]:
+    """Move money between accounts (the compensation is the transfer back)."""
+    args = call.arguments
+    assert isinstance(args, TransferArgs)
+    account = _account_of(call.resource)
+    if args.to == account:
+        raise ToolError(f"a transfer from {account!r} to itself moves nothing: name another account in 'to'")
+
+    def apply(cur: Any) -> dict[str, Any]:
+        balance = _move(cur, account, args.to, args.amount)
+        return {"from": account, "to": args.to, "amount": args.amount, "balance": balance}
+
+    return await _once(ledger, call, "transfer", apply)
+
+
+async def commit(ledger: Ledger, call: ToolCall) -> dict[str, Any]:
+    """Apply a JSON merge patch to a document."""
+    args = call.arguments
+    assert isinstance(args, CommitArgs)
+    doc_id = call.resource
+    if doc_id.partition(":")[0] == "account":
+        raise ToolError(f"{doc_id[:200]!r} is an account, not a document: move its money with refund or transfer")
+
+    def apply(cur: Any) -> dict[str, Any]:
+        rows = cur.run("SELECT revision, body FROM documents WHERE id = ?", (doc_id,))
+        revision, body = (int(rows[0][0]), json.loads(rows[0][1])) if rows else (0, {})
+        body = merge_patch(body, args.patch)
+        if rows:
+            cur.run("UPDATE documents SET revision = ?, body = ? WHERE id = ?",
+                    (revision + 1, json.dumps(body, sort_keys=True), doc_id))
+        else:
+            cur.run("INSERT INTO documents (id, revision, body) VALUES (?, ?, ?)",
+                    (doc_id, 1, json.dumps(body, sort_keys=True)))
+        return {"document": doc_id, "revision": revision + 1}
+
+    return await _once(ledger, call, "commit", apply)
+
+
+def _on(ledger: Ledger, tool: Callable[[Ledger, T], Awaitable[R]]) -> Callable[[T], Awaitable[R]]:
+    """``tool`` bound to ``ledger``, under the tool's own name and docstring (the registry lists a tool
+    by its docstring)."""
+
+    @functools.wraps(tool)
+    async def run(argument: T) -> R:
+        return await tool(ledger, argument)
+
+    return run
+
+
 def register_ledger_tools(registry: ToolRegistry, ledger: Ledger) -> None:
     """Register refund, reverse_refund, transfer and commit against ``ledger``, and its reader."""
-
-    @registry.reader
-    async def read(resource: str) -> dict[str, Any] | None:
-        """An account's balance, or a document's revision and body; None for anything else."""
-        prefix, _, name = resource.partition(":")
-
-        def work(cur: Any) -> dict[str, Any] | None:
-            if prefix == "account" and name:
-                rows = cur.run("SELECT balance FROM accounts WHERE id = ?", (name,))
-                return {"account": name, "balance": int(rows[0][0])} if rows else None
-            rows = cur.run("SELECT revision, body FROM documents WHERE id = ?", (resource,))
-            return {"document": resource, "revision": int(rows[0][0]), "body": json.loads(rows[0][1])} \
-                if rows else None
-
-        return await ledger.call(work)
-
-    @registry.register("refund", RefundArgs, compensation="reverse_refund")
-    async def refund(call: ToolCall) -> dict[str, Any]:
-        """Pay a refund from the account into payouts."""
-        args = call.arguments
-        assert isinstance(args, RefundArgs)
-        account = _account_of(call.resource)
-        if account == PAYOUTS:
-            raise ToolError(f"refunds are paid into {PAYOUTS!r}: a refund from it would pay itself")
-
-        def apply(cur: Any) -> dict[str, Any]:
-            balance = _move(cur, account, PAYOUTS, args.amount)
-            cur.run("INSERT INTO refunds (intent_id, account, order_id, amount) VALUES (?, ?, ?, ?)",
-                    (call.intent_id, account, args.order_id, args.amount))
-            return {"account": account, "order_id": args.order_id, "amount": args.amount, "balance": balance}
-
-        return await _once(ledger, call, "refund", apply)
-
-    @registry.register("reverse_refund", ReverseRefundArgs)
-    async def reverse_refund(call: ToolCall) -> dict[str, Any]:
-        """Take a refund back from payouts (the compensation of refund)."""
-        args = call.arguments
-        assert isinstance(args, ReverseRefundArgs)
-
-        def apply(cur: Any) -> dict[str, Any]:
-            rows = cur.run("SELECT account, amount, reversed_by FROM refunds WHERE intent_id = ? AND account = ?",
-                           (args.refund_intent_id, _account_of(call.resource)))
-            if not rows:
-                return {"reversed": None, "note": "no such refund; nothing to undo"}
-            account, amount, reversed_by = rows[0]
-            if reversed_by:
-                return {"reversed": args.refund_intent_id, "note": f"already reversed by {reversed_by}"}
-            _move(cur, PAYOUTS, account, int(amount))
-            cur.run("UPDATE refunds SET reversed_by = ? WHERE intent_id = ? AND account = ?",
-                    (call.intent_id, args.refund_intent_id, account))
-            return {"reversed": args.refund_intent_id, "amount": int(amount)}
-
-        return await _once(ledger, call, "reverse_refund", apply)
-
-    @registry.register("transfer", TransferArgs, compensation="transfer")
-    async def transfer(call: ToolCall) -> dict[str, Any]:
-        """Move money between accounts (the compensation is the transfer back)."""
-        args = call.arguments
-        assert isinstance(args, TransferArgs)
-        account = _account_of(call.resource)
-        if args.to == account:
-            raise ToolError(f"a transfer from {account!r} to itself moves nothing: name another account in 'to'")
-
-        def apply(cur: Any) -> dict[str, Any]:
-            balance = _move(cur, account, args.to, args.amount)
-            return {"from": account, "to": args.to, "amount": args.amount, "balance": balance}
-
-        return await _once(ledger, call, "transfer", apply)
-
-    @registry.register("commit", CommitArgs)
-    async def commit(call: ToolCall) -> dict[str, Any]:
-        """Apply a JSON merge patch to a document."""
-        args = call.arguments
-        assert isinstance(args, CommitArgs)
-        doc_id = call.resource
-        if doc_id.partition(":")[0] == "account":
-            raise ToolError(f"{doc_id[:200]!r} is an account, not a document: move its money with refund or transfer")
-
-        def apply(cur: Any) -> dict[str, Any]:
-            rows = cur.run("SELECT revision, body FROM documents WHERE id = ?", (doc_id,))
-            revision, body = (int(rows[0][0]), json.loads(rows[0][1])) if rows else (0, {})
-            body = merge_patch(body, args.patch)
-            if rows:
-                cur.run("UPDATE documents SET revision = ?, body = ? WHERE id = ?",
-                        (revision + 1, json.dumps(body, sort_keys=True), doc_id))
-            else:
-                cur.run("INSERT INTO documents (id, revision, body) VALUES (?, ?, ?)",
-                        (doc_id, 1, json.dumps(body, sort_keys=True)))
-            return {"document": doc_id, "revision": revision + 1}
-
-        return await _once(ledger, call, "commit", apply)
+    registry.reader(_on(ledger, read))
+    registry.register("refund", RefundArgs, compensation="reverse_refund")(_on(ledger, refund))
+    registry.register("reverse_refund", ReverseRefundArgs)(_on(ledger, reverse_refund))
+    registry.register("transfer", TransferArgs, compensation="transfer")(_on(ledger, transfer))
+    registry.register("commit", CommitArgs)(_on(ledger, commit))
 
 
 def worker_tool_registry(ledger: Ledger | None, repos: Repos | None = None,

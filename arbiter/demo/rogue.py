@@ -258,11 +258,18 @@ class Mallory:
         return leases[0] if leases else self.fallback
 
     async def _attacks(self, mine: Signer) -> None:
-        t = self.settings.topics
-        agent, resource, token = self._lease()
-        key = resource.encode()
+        """Every attack, in this order, on one lease of another agent's (``mine``: her own registered key)."""
+        lease = self._lease()
+        await self._impersonate(mine, lease)
+        await self._forge_decisions(mine, lease)
+        await self._forge_system_commands(mine, lease)
+        await self._overreach(mine)
 
-        # Act as another agent: unsigned, with her own key, with a key nobody registered.
+    async def _impersonate(self, mine: Signer, lease: Lease) -> None:
+        """Act as another agent: unsigned, with her own key, with a key nobody registered."""
+        t = self.settings.topics
+        agent, resource, token = lease
+        key = resource.encode()
         release = LockReleaseRequested(request_id=_id("rogue-release"), agent_id=agent, resource=resource,
                                        token=token, sent_at_ms=now_ms())
         await self._refused_by_workers(
@@ -280,7 +287,11 @@ class Mallory:
             Attempt(f"write as {agent} through the gateway, with an unregistered key", UNAUTHENTICATED),
             await self._send(t.resource_commands, key, intent, Signer.generate(agent)), (agent, intent.intent_id))
 
-        # Forged decisions in other agents' inboxes.
+    async def _forge_decisions(self, mine: Signer, lease: Lease) -> None:
+        """Forged decisions in other agents' inboxes: a grant to the lease's holder, a deadlock notice to
+        the ring's victim."""
+        t = self.settings.topics
+        agent, resource, token = lease
         victim = await asyncio.wait_for(self.client(agent), WAIT_S)
         now = now_ms()
         cause = Cause(topic=t.resource_commands, partition=0, offset=0)
@@ -312,7 +323,12 @@ class Mallory:
             where, ring, before,
             lambda: all(d.detection_id != notice.detection_id for d in ring.deadlocks))
 
-        # What only the workers and the operator send.
+    async def _forge_system_commands(self, mine: Signer, lease: Lease) -> None:
+        """What only the workers and the operator send: a lease-book wait edge, a revocation, a tick,
+        a compensation of another agent's saga."""
+        t = self.settings.topics
+        agent, resource, token = lease
+        key = resource.encode()
         edge = WaitEdgeAdded(edge_id=_id(f"lock|{ROGUE}|{agent}"), waiter=ROGUE, holder=agent, source="lock",
                              resource=resource, waiter_registered_at_ms=now_ms(), added_at_ms=now_ms())
         await self._refused_by_workers(
@@ -333,7 +349,9 @@ class Mallory:
             Attempt(f"forged CompensationRequested for {self.ring_victim}'s saga", FORBIDDEN),
             await self._send(t.saga_commands, saga_id.encode(), abort, mine))
 
-        # Her own name, outside her prefixes or inside the system's namespace.
+    async def _overreach(self, mine: Signer) -> None:
+        """Her own name, outside her prefixes or inside the system's namespace."""
+        t = self.settings.topics
         own_saga = f"saga:{ROGUE}/raid:{uuid.uuid4().hex[:8]}"
         step = SagaStep(saga_id=own_saga, step=0, agent_id=ROGUE, status="completed", intent_id=_id("rogue-step"),
                         resource=self.outside, tool="refund",

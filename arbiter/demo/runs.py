@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -16,6 +17,10 @@ from arbiter.demo.view import LiveState, Screen, follow, progress_line
 from arbiter.edge.settings import Settings, Topics
 from arbiter.processes import RunnerProcess, WorkerPool
 from arbiter.schemas.partitioning import key_for_partition
+
+if TYPE_CHECKING:  # (the SDK and the rogue are imported when a run needs them)
+    from arbiter.agents import ArbiterClient
+    from arbiter.demo.rogue import RogueReport
 
 # -- the runs ------------------------------------------------------------------------------
 
@@ -95,31 +100,40 @@ async def _enroll_all(settings: Settings, agents: dict[str, list[str]], door: bo
     return {name: await _enroll(settings, name, allow, door) for name, allow in agents.items()}
 
 
-async def safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: LiveState, screen: Screen,
-                      door_url: str | None = None) -> Any:
-    from arbiter.agents import ArbiterClient
-    from arbiter.demo.rogue import Mallory, RogueReport
-    from arbiter.demo.swarm import RING, SafeWorkspace, Tally, run_swarm
+async def _enroll_while_served(settings: Settings, agents: dict[str, list[str]], door: bool,
+                               warm: ArbiterClient, pool: WorkerPool) -> dict[str, Settings]:
+    """Enroll every agent while ``warm`` pings each partition until the workers serve them all; both end
+    before either's failure is raised. The agents' settings, by name."""
     from arbiter.processes import wait_until_served
+
+    keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
+    enrolling, serving = await asyncio.gather(_enroll_all(settings, agents, door),
+                                              wait_until_served(warm, pool, keys, timeout=120),
+                                              return_exceptions=True)
+    if isinstance(serving, BaseException):
+        raise serving
+    if isinstance(enrolling, BaseException):
+        raise enrolling
+    return enrolling
+
+
+async def safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: LiveState, screen: Screen,
+                     door_url: str | None = None) -> Any:
+    """The swarm and the rogue with Arbiter, drawn live; its tally, its ledger and the rogue's report."""
+    from arbiter.agents import ArbiterClient
+    from arbiter.demo.rogue import Mallory
+    from arbiter.demo.swarm import RING, SafeWorkspace, Tally, run_swarm
     from arbiter.streams.tools.ledger import Ledger
 
     ledger = Ledger(settings.ledger_url())
     ledger.add_accounts(plan.accounts())
     tally = Tally()
-    stop = asyncio.Event()
     agents: dict[str, list[str]] = plan.agents()
     async with contextlib.AsyncExitStack() as stack:
         # Every agent gets a key of its own, good only for its own story's resources; the
         # workers issue theirs as they start, meanwhile.
         warm = await stack.enter_async_context(ArbiterClient(WARMUP, await _enroll(settings, WARMUP, ["probe:"])))
-        keys = [key_for_partition(p, settings.partitions) for p in range(settings.partitions)]
-        enrolling, serving = await asyncio.gather(_enroll_all(settings, agents, door_url is not None),
-                                                  wait_until_served(warm, pool, keys, timeout=120),
-                                                  return_exceptions=True)  # both end before either is raised
-        for failed in (serving, enrolling):
-            if isinstance(failed, BaseException):
-                raise failed
-        enrolled: dict[str, Settings] = enrolling  # type: ignore[assignment]
+        enrolled = await _enroll_while_served(settings, agents, door_url is not None, warm, pool)
         loop = asyncio.get_running_loop()
         opened: dict[str, asyncio.Future[ArbiterClient]] = {name: loop.create_future() for name in agents}
 
@@ -146,30 +160,39 @@ async def safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: Live
             _, report = await asyncio.gather(run_swarm(plan, workspace, tally), mallory.run())
             return report
 
-        caught_up = asyncio.Event()
-        follower = asyncio.create_task(follow(settings, live, stop, caught_up))
-        swarm = asyncio.create_task(swarm_and_rogue())
-        started = time.monotonic()
-        try:
-            while not swarm.done():
-                pool.check_alive()
-                screen.draw(live.lines(tally.done, plan.steps(), time.monotonic() - started))
-                await asyncio.wait({swarm}, timeout=0.25)
-            rogue = await swarm
-            # Every agent has had its answers, so their decisions are in the log: the view
-            # reads up to the decision topics' end offsets as of now (a bug in it is raised).
-            caught_up.set()
-            try:
-                await asyncio.wait_for(follower, timeout=30)
-            except TimeoutError:
-                raise RuntimeError("the live view did not reach the end of the decision topics within 30 s") from None
-            screen.draw(live.lines(tally.done, plan.steps(), time.monotonic() - started))
-        finally:
-            screen.close()  # before anything else is printed: no fragment of the live view is left over
-            stop.set()
-            swarm.cancel()
-            await asyncio.gather(swarm, follower, return_exceptions=True)
+        rogue = await _draw_until_done(settings, plan, pool, live, screen, tally, swarm_and_rogue)
     return tally, ledger, rogue
+
+
+async def _draw_until_done(settings: Settings, plan: Any, pool: WorkerPool, live: LiveState, screen: Screen,
+                           tally: Any, swarm_and_rogue: Callable[[], Coroutine[Any, Any, RogueReport]]) -> RogueReport:
+    """Run ``swarm_and_rogue`` while the live view follows the log and is drawn (and the workers are
+    checked alive); once it is done, draw the view caught up with the log. The rogue's report."""
+    stop = asyncio.Event()
+    caught_up = asyncio.Event()
+    follower = asyncio.create_task(follow(settings, live, stop, caught_up))
+    swarm = asyncio.create_task(swarm_and_rogue())
+    started = time.monotonic()
+    try:
+        while not swarm.done():
+            pool.check_alive()
+            screen.draw(live.lines(tally.done, plan.steps(), time.monotonic() - started))
+            await asyncio.wait({swarm}, timeout=0.25)
+        rogue = await swarm
+        # Every agent has had its answers, so their decisions are in the log: the view
+        # reads up to the decision topics' end offsets as of now (a bug in it is raised).
+        caught_up.set()
+        try:
+            await asyncio.wait_for(follower, timeout=30)
+        except TimeoutError:
+            raise RuntimeError("the live view did not reach the end of the decision topics within 30 s") from None
+        screen.draw(live.lines(tally.done, plan.steps(), time.monotonic() - started))
+    finally:
+        screen.close()  # before anything else is printed: no fragment of the live view is left over
+        stop.set()
+        swarm.cancel()
+        await asyncio.gather(swarm, follower, return_exceptions=True)
+    return rogue
 
 
 async def unsafe_swarm(plan: Any, ledger_path: Path) -> Any:

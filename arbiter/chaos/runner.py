@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from arbiter.agents import ArbiterClient
 from arbiter.edge.settings import Settings
@@ -23,6 +23,9 @@ from arbiter.streams.runtime.topics import group_session_bounds
 from .campaigns import CAMPAIGNS, Campaign, Check, FreezeAgent, decided_twice
 from .rig import BALANCE, Broker, Rig, close_quietly, create_topics, open_broker, run_settings
 from .workload import Workload
+
+if TYPE_CHECKING:  # (the ledger is imported when a run opens it)
+    from arbiter.streams.tools.ledger import Ledger
 
 TARGET_SHARE = 0.5
 """The issue's target: during a campaign, at least this share of the calm phase's successful operations
@@ -132,29 +135,74 @@ async def _clean_up(rig: Rig, say: Callable[[str], None]) -> int:
 async def _exercise(opts: ChaosOptions, rig: Rig, campaign: Campaign, names: list[str], resources: list[str],
                     say: Callable[[str], None]) -> dict[str, Any]:
     """Everything between the topics' creation and their deletion."""
-    from arbiter.streams.tools.ledger import Ledger
-
-    settings, folder, tag = rig.settings, rig.folder, rig.tag
-    ledger = Ledger(settings.ledger_url())
-    accounts = [r.removeprefix("account:") for r in resources]
-    accounts += [f"{tag}-f{k}" for k in range(1, int(opts.duration / max(opts.freeze_ttl, 0.5)) + 10)]
-    accounts += [f"{tag}-x0"]
-    ledger.add_accounts(dict.fromkeys(accounts, BALANCE))
-    bounds = await group_session_bounds(settings)
-    session = settings.session_timeout if bounds is None else min(max(settings.session_timeout, bounds[0]), bounds[1])
-    result: dict[str, Any] = {"campaign": opts.campaign, "run": rig.run, "folder": str(folder),
-                              "options": {"duration_s": opts.duration, "every_s": opts.every, "workers": opts.workers,
-                                          "agents": opts.agents, "accounts": len(resources), "seed": opts.seed,
-                                          "calm_baseline": opts.calm, "partitions": settings.partitions,
-                                          "session_timeout_s": session,
-                                          "session_timeout_asked_s": settings.session_timeout}}
-    workload: Workload | None = None
+    ledger = _open_ledger(opts, rig, resources)
+    result: dict[str, Any] = {"campaign": opts.campaign, "run": rig.run, "folder": str(rig.folder),
+                              "options": await _options(opts, rig.settings, resources)}
     timings: dict[str, float] = {}
     started = time.monotonic()
+    workload = await _drive(opts, rig, campaign, names, resources, say, timings, started)
+    say("workers stopped; auditing the run's whole log")
+    audit_started = time.monotonic()
+    log, report = await rig.audit()
+    timings["audit_s"] = round(time.monotonic() - audit_started, 2)
+    ledger_result = check_ledger(ledger, log, workload.intents)
+    ledger.close()
+    violations = sum(row["violations"] for row in report["checks"].values())
+    checks = _checks(rig, campaign, log, report, ledger_result, violations)
+    phases = [p.summary() for p in workload.phases]
+    result.update({
+        "phases": phases,
+        "faults": campaign.faults,
+        "campaign_rows": campaign.rows(),
+        "ledger": ledger_result,
+        "audit": {"verdict": report["verdict"], "messages": report["messages"], "violations": violations,
+                  "decisions": report["stats"].get("decisions", 0),
+                  "findings": [f"{f['check']}: {f['message']} at {', '.join(f['where'][:3])}"
+                               for f in report["findings"][:10]],
+                  "archive": str(rig.folder / "log.jsonl"), "html": str(rig.folder / "audit.html")},
+        "checks": [c.to_dict() for c in checks],
+        "timings_s": {**timings, "total": round(time.monotonic() - started, 1)},
+        "workers_exited_on_their_own": rig.unexpected_exits,
+        "operations_cut_short_at_the_end": workload.cut_short,
+    })
+    if opts.calm and len(phases) == 2:
+        result["targets"] = targets(phases[0], phases[1], violations)
+    result["ok"] = all(c.ok for c in checks)
+    return result
+
+
+def _open_ledger(opts: ChaosOptions, rig: Rig, resources: list[str]) -> Ledger:
+    """The run's ledger, with an account per resource the agents write, per account a frozen agent may
+    take (one per freeze cycle the run's length allows, and some to spare), and one more."""
+    from arbiter.streams.tools.ledger import Ledger
+
+    ledger = Ledger(rig.settings.ledger_url())
+    accounts = [r.removeprefix("account:") for r in resources]
+    accounts += [f"{rig.tag}-f{k}" for k in range(1, int(opts.duration / max(opts.freeze_ttl, 0.5)) + 10)]
+    accounts += [f"{rig.tag}-x0"]
+    ledger.add_accounts(dict.fromkeys(accounts, BALANCE))
+    return ledger
+
+
+async def _options(opts: ChaosOptions, settings: Settings, resources: list[str]) -> dict[str, Any]:
+    """The run's options as the result reports them, with the session timeout the brokers accept."""
+    bounds = await group_session_bounds(settings)
+    session = settings.session_timeout if bounds is None else min(max(settings.session_timeout, bounds[0]), bounds[1])
+    return {"duration_s": opts.duration, "every_s": opts.every, "workers": opts.workers,
+            "agents": opts.agents, "accounts": len(resources), "seed": opts.seed,
+            "calm_baseline": opts.calm, "partitions": settings.partitions,
+            "session_timeout_s": session,
+            "session_timeout_asked_s": settings.session_timeout}
+
+
+async def _drive(opts: ChaosOptions, rig: Rig, campaign: Campaign, names: list[str], resources: list[str],
+                 say: Callable[[str], None], timings: dict[str, float], started: float) -> Workload:
+    """Start the workers and the agents, run the phases, wait until the workers have processed every input,
+    and stop agents and workers (whatever happened); the workload, at rest. ``timings`` gets the phases'."""
     clients: list[ArbiterClient] = []
     try:
         rig.start_workers(opts.workers)
-        enrolled = await rig.enroll({"probe": ["probe:"], **{n: [f"account:{tag}-w"] for n in names},
+        enrolled = await rig.enroll({"probe": ["probe:"], **{n: [f"account:{rig.tag}-w"] for n in names},
                                      **campaign.agents()})
         for name in ["probe", *names]:
             clients.append(ArbiterClient(name, enrolled[name]))
@@ -162,43 +210,51 @@ async def _exercise(opts: ChaosOptions, rig: Rig, campaign: Campaign, names: lis
         rig.probe = clients[0]
         timings["workers_serving_s"] = round(await rig.wait_served(settled=True), 2)
         say(f"{opts.workers} workers serve every partition ({time.monotonic() - started:.1f} s after the start)")
-        supervisor = asyncio.create_task(_supervise(rig))
-        try:
-            await campaign.setup()
-            workload = campaign.workload = Workload(clients[1:], resources, opts.seed, settings.partitions)
-            if opts.calm:
-                say(f"calm: the workload without faults for {opts.duration:g} s")
-                workload.begin("calm")
-                await asyncio.sleep(opts.duration)  # the phase's length (a schedule, not a wait for a race)
-            say(f"{campaign.name}: {opts.duration:g} s" + (f", a fault every {opts.every:g} s"
-                                                            if campaign.name not in ("calm", "freeze-agent") else ""))
-            campaign.phase = workload.begin(campaign.name)
-            injector = asyncio.create_task(campaign.run())
-            await asyncio.wait({injector}, timeout=opts.duration)
-            campaign.stop.set()
-            await injector  # a campaign's error is the run's
-        finally:
-            campaign.stop.set()
-            if workload is not None:
-                await workload.stop()
-            supervisor.cancel()
-            await asyncio.gather(supervisor, return_exceptions=True)
-            await campaign.teardown()
+        workload = await _phases(opts, rig, campaign, clients[1:], resources, say)
         say("agents stopped; waiting until the workers have processed every input")
         ends = await rig.input_ends()
         timings["drain_s"] = round(await rig.wait_processed(ends), 2)
     finally:
         await close_quietly(*clients)
         await asyncio.to_thread(rig.pool.stop)
-    say("workers stopped; auditing the run's whole log")
-    audit_started = time.monotonic()
-    log, report = await rig.audit()
-    timings["audit_s"] = round(time.monotonic() - audit_started, 2)
-    assert workload is not None
-    ledger_result = check_ledger(ledger, log, workload.intents)
-    ledger.close()
+    return workload
+
+
+async def _phases(opts: ChaosOptions, rig: Rig, campaign: Campaign, agents: list[ArbiterClient],
+                  resources: list[str], say: Callable[[str], None]) -> Workload:
+    """The calm phase (asked for), then the campaign's, while workers that exit are replaced; the
+    workload, stopped."""
+    supervisor = asyncio.create_task(_supervise(rig))
+    workload: Workload | None = None
+    try:
+        await campaign.setup()
+        workload = campaign.workload = Workload(agents, resources, opts.seed, rig.settings.partitions)
+        if opts.calm:
+            say(f"calm: the workload without faults for {opts.duration:g} s")
+            workload.begin("calm")
+            await asyncio.sleep(opts.duration)  # the phase's length (a schedule, not a wait for a race)
+        say(f"{campaign.name}: {opts.duration:g} s" + (f", a fault every {opts.every:g} s"
+                                                        if campaign.name not in ("calm", "freeze-agent") else ""))
+        campaign.phase = workload.begin(campaign.name)
+        injector = asyncio.create_task(campaign.run())
+        await asyncio.wait({injector}, timeout=opts.duration)
+        campaign.stop.set()
+        await injector  # a campaign's error is the run's
+    finally:
+        campaign.stop.set()
+        if workload is not None:
+            await workload.stop()
+        supervisor.cancel()
+        await asyncio.gather(supervisor, return_exceptions=True)
+        await campaign.teardown()
+    return workload
+
+
+def _checks(rig: Rig, campaign: Campaign, log: Any, report: dict[str, Any], ledger_result: dict[str, Any],
+            violations: int) -> list[Check]:
+    """What must hold after the run: the audit passed, the ledger agrees with the log, every id was decided
+    once, the campaign's own invariants, and (but for broker-restart) no worker exited on its own."""
     twice = decided_twice(log)
-    violations = sum(row["violations"] for row in report["checks"].values())
     checks = [
         Check("audit", report["verdict"] == "pass",
               f"{report['messages']} messages, {report['stats'].get('decisions', 0)} decisions re-derived, "
@@ -215,26 +271,7 @@ async def _exercise(opts: ChaosOptions, rig: Rig, campaign: Campaign, names: lis
     if campaign.name != "broker-restart":
         checks.append(Check("no worker exited on its own", not rig.unexpected_exits,
                             "; ".join(rig.unexpected_exits[:3]) or "none did"))
-    phases = [p.summary() for p in workload.phases]
-    result.update({
-        "phases": phases,
-        "faults": campaign.faults,
-        "campaign_rows": campaign.rows(),
-        "ledger": ledger_result,
-        "audit": {"verdict": report["verdict"], "messages": report["messages"], "violations": violations,
-                  "decisions": report["stats"].get("decisions", 0),
-                  "findings": [f"{f['check']}: {f['message']} at {', '.join(f['where'][:3])}"
-                               for f in report["findings"][:10]],
-                  "archive": str(folder / "log.jsonl"), "html": str(folder / "audit.html")},
-        "checks": [c.to_dict() for c in checks],
-        "timings_s": {**timings, "total": round(time.monotonic() - started, 1)},
-        "workers_exited_on_their_own": rig.unexpected_exits,
-        "operations_cut_short_at_the_end": workload.cut_short,
-    })
-    if opts.calm and len(phases) == 2:
-        result["targets"] = targets(phases[0], phases[1], violations)
-    result["ok"] = all(c.ok for c in checks)
-    return result
+    return checks
 
 
 def targets(calm: dict[str, Any], chaos: dict[str, Any], violations: int) -> dict[str, Any]:

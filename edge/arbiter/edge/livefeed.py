@@ -58,6 +58,10 @@ BUCKET_S = 10
 """Refusals are counted in buckets of this many seconds, for the last ``BUCKETS`` of them."""
 BUCKETS = 30
 
+_LeaseDecision = (LockGranted | LockQueued | LockReleased | LockExpired | LockRevoked | LockDenied | LockWaitTimedOut
+                  | LockCancelled | LockRenewed)
+"""The lease book's decisions: each changes who holds a resource or who waits for it (or is refused)."""
+
 
 @dataclass
 class LiveState:
@@ -107,84 +111,112 @@ class LiveState:
 
     def apply(self, record: Record) -> dict[str, Any] | None:
         """Fold one record in; the change to send to the pages (None: nothing they show changed)."""
-        change: dict[str, Any] | None = None
-        if isinstance(record, LockGranted | LockQueued | LockReleased | LockExpired | LockRevoked | LockDenied
-                      | LockWaitTimedOut | LockCancelled | LockRenewed):
-            self.decisions += 1
-            book = self.resources.setdefault(record.resource, {"holders": {}, "queue": []})
-            agent, at = record.agent_id, record.decided_at_ms
-            kind = type(record).__name__.removeprefix("Lock").lower()
-            if isinstance(record, LockGranted):
-                book["holders"][agent] = {"mode": record.mode, "expires_at_ms": record.expires_at_ms, "since_ms": at}
-                if agent in book["queue"]:
-                    book["queue"].remove(agent)
-            elif isinstance(record, LockRenewed):
-                if agent in book["holders"]:
-                    book["holders"][agent]["expires_at_ms"] = record.expires_at_ms
-            elif isinstance(record, LockQueued):
-                if agent not in book["queue"]:
-                    book["queue"].append(agent)
-            elif isinstance(record, LockReleased | LockExpired | LockRevoked):
-                book["holders"].pop(agent, None)
-            elif isinstance(record, LockWaitTimedOut | LockCancelled) and agent in book["queue"]:
-                book["queue"].remove(agent)
-            if isinstance(record, LockDenied):
-                self._refused(at, record.reason)
-            change = {"kind": kind, "resource": record.resource, "agent": agent, "at": at,
-                      "reason": getattr(record, "reason", None), "book": _shown(book)}
-            if not book["holders"] and not book["queue"]:
-                del self.resources[record.resource]
-            self._remember([record.resource, agent], {k: v for k, v in change.items() if k != "book"})
-        elif isinstance(record, ToolApplied | ToolRejected):
-            self.decisions += 1
-            at = record.decided_at_ms
-            reason = "applied" if isinstance(record, ToolApplied) else record.reason
-            if isinstance(record, ToolRejected):
-                self._refused(at, record.reason)
-            change = {"kind": "write", "resource": record.resource, "agent": record.agent_id, "at": at,
-                      "tool": record.tool, "reason": reason}
-            self._remember([record.resource, record.agent_id], change)
-        elif isinstance(record, WaitEdgeAdded):
+        change = self._fold(record)
+        while len(self.sagas) > 2000:
+            self.sagas.pop(next(iter(self.sagas)))
+        return change
+
+    def _fold(self, record: Record) -> dict[str, Any] | None:
+        """Fold ``record`` in by its type; the change (None: nothing shown changed)."""
+        if isinstance(record, _LeaseDecision):
+            return self._lease_decided(record)
+        if isinstance(record, ToolApplied | ToolRejected):
+            return self._write_decided(record)
+        if isinstance(record, WaitEdgeAdded | WaitEdgeRemoved):
+            return self._edge(record)
+        if isinstance(record, DeadlockDetected):
+            return self._deadlock(record)
+        if isinstance(record, SagaStep | Compensated | SagaFinished):
+            return self._saga(record)
+        if isinstance(record, WorkerStarted):
+            self.workers[record.worker_id] = {"id": record.worker_id, "started_at_ms": record.started_at_ms,
+                                              "guarantee": record.processing_guarantee}
+            return {"kind": "worker", "worker": self.workers[record.worker_id]}
+        if isinstance(record, DeadLetter):
+            self._refused(record.at_ms, f"dead letter: {record.reason}")
+            return {"kind": "dead_letter", "reason": record.reason, "at": record.at_ms}
+        return None
+
+    def _lease_decided(self, record: _LeaseDecision) -> dict[str, Any]:
+        self.decisions += 1
+        book = self.resources.setdefault(record.resource, {"holders": {}, "queue": []})
+        agent, at = record.agent_id, record.decided_at_ms
+        kind = type(record).__name__.removeprefix("Lock").lower()
+        _update_book(book, record)
+        if isinstance(record, LockDenied):
+            self._refused(at, record.reason)
+        change = {"kind": kind, "resource": record.resource, "agent": agent, "at": at,
+                  "reason": getattr(record, "reason", None), "book": _shown(book)}
+        if not book["holders"] and not book["queue"]:
+            del self.resources[record.resource]
+        self._remember([record.resource, agent], {k: v for k, v in change.items() if k != "book"})
+        return change
+
+    def _write_decided(self, record: ToolApplied | ToolRejected) -> dict[str, Any]:
+        self.decisions += 1
+        at = record.decided_at_ms
+        reason = "applied" if isinstance(record, ToolApplied) else record.reason
+        if isinstance(record, ToolRejected):
+            self._refused(at, record.reason)
+        change = {"kind": "write", "resource": record.resource, "agent": record.agent_id, "at": at,
+                  "tool": record.tool, "reason": reason}
+        self._remember([record.resource, record.agent_id], change)
+        return change
+
+    def _edge(self, record: WaitEdgeAdded | WaitEdgeRemoved) -> dict[str, Any] | None:
+        if isinstance(record, WaitEdgeAdded):
             self.edges[record.edge_id] = {"id": record.edge_id, "waiter": record.waiter, "holder": record.holder,
                                           "source": record.source, "resource": record.resource}
-            change = {"kind": "edge", "edge": self.edges[record.edge_id]}
-        elif isinstance(record, WaitEdgeRemoved):
-            if self.edges.pop(record.edge_id, None) is not None:
-                change = {"kind": "edge_removed", "id": record.edge_id}
-        elif isinstance(record, DeadlockDetected):
-            found = {"id": record.detection_id, "victim": record.victim, "cycle": list(record.cycle),
-                     "at": record.decided_at_ms, "message": record.message}
-            if all(d["id"] != found["id"] for d in self.deadlocks):
-                self.deadlocks.append(found)
-                change = {"kind": "deadlock", "deadlock": found}
-                self._remember(list(record.cycle), {"kind": "deadlock", "at": record.decided_at_ms,
-                                                   "agent": record.victim, "reason": record.message})
-        elif isinstance(record, SagaStep):
+            return {"kind": "edge", "edge": self.edges[record.edge_id]}
+        if self.edges.pop(record.edge_id, None) is not None:
+            return {"kind": "edge_removed", "id": record.edge_id}
+        return None
+
+    def _deadlock(self, record: DeadlockDetected) -> dict[str, Any] | None:
+        found = {"id": record.detection_id, "victim": record.victim, "cycle": list(record.cycle),
+                 "at": record.decided_at_ms, "message": record.message}
+        if all(d["id"] != found["id"] for d in self.deadlocks):
+            self.deadlocks.append(found)
+            self._remember(list(record.cycle), {"kind": "deadlock", "at": record.decided_at_ms,
+                                               "agent": record.victim, "reason": record.message})
+            return {"kind": "deadlock", "deadlock": found}
+        return None
+
+    def _saga(self, record: SagaStep | Compensated | SagaFinished) -> dict[str, Any]:
+        if isinstance(record, SagaStep):
             saga = self.sagas.setdefault(record.saga_id, {"id": record.saga_id, "status": "running", "steps": 0,
                                                           "compensated": 0, "agent": record.agent_id})
             saga["steps"] = max(saga["steps"], record.step + 1)
-            change = {"kind": "saga", "saga": saga}
         elif isinstance(record, Compensated):
             saga = self.sagas.setdefault(record.saga_id, {"id": record.saga_id, "status": "compensating", "steps": 0,
                                                           "compensated": 0, "agent": ""})
             saga["compensated"] += 1
             saga["status"] = "compensating"
-            change = {"kind": "saga", "saga": saga}
-        elif isinstance(record, SagaFinished):
+        else:
             saga = self.sagas.setdefault(record.saga_id, {"id": record.saga_id, "steps": 0, "compensated": 0,
                                                           "agent": ""})
             saga["status"] = record.outcome
-            change = {"kind": "saga", "saga": saga}
-        elif isinstance(record, WorkerStarted):
-            self.workers[record.worker_id] = {"id": record.worker_id, "started_at_ms": record.started_at_ms,
-                                              "guarantee": record.processing_guarantee}
-            change = {"kind": "worker", "worker": self.workers[record.worker_id]}
-        elif isinstance(record, DeadLetter):
-            self._refused(record.at_ms, f"dead letter: {record.reason}")
-            change = {"kind": "dead_letter", "reason": record.reason, "at": record.at_ms}
-        while len(self.sagas) > 2000:
-            self.sagas.pop(next(iter(self.sagas)))
-        return change
+        return {"kind": "saga", "saga": saga}
+
+
+def _update_book(book: dict[str, Any], record: _LeaseDecision) -> None:
+    """Who holds the resource and who waits for it, after ``record``."""
+    agent = record.agent_id
+    if isinstance(record, LockGranted):
+        book["holders"][agent] = {"mode": record.mode, "expires_at_ms": record.expires_at_ms,
+                                  "since_ms": record.decided_at_ms}
+        if agent in book["queue"]:
+            book["queue"].remove(agent)
+    elif isinstance(record, LockRenewed):
+        if agent in book["holders"]:
+            book["holders"][agent]["expires_at_ms"] = record.expires_at_ms
+    elif isinstance(record, LockQueued):
+        if agent not in book["queue"]:
+            book["queue"].append(agent)
+    elif isinstance(record, LockReleased | LockExpired | LockRevoked):
+        book["holders"].pop(agent, None)
+    elif isinstance(record, LockWaitTimedOut | LockCancelled) and agent in book["queue"]:
+        book["queue"].remove(agent)
 
 
 def _shown(book: dict[str, Any]) -> dict[str, Any]:

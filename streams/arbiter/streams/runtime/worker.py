@@ -321,31 +321,7 @@ class Worker:
         if not settings.verify_signatures:
             log.warning("SIGNATURE VERIFICATION IS OFF (ARBITER_VERIFY_SIGNATURES=false): any client with topic "
                         "access can act as any agent. Development only.")
-        # Starting needs Kafka; a stop asked for meanwhile ends it (no broker: it would wait for ever).
-        starting = asyncio.ensure_future(self._start())
-        stop = asyncio.ensure_future(self.stopping.wait())
-        try:
-            await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stop.cancel()
-        if not starting.done():
-            starting.cancel()
-            await asyncio.gather(starting, return_exceptions=True)
-            log.info("worker %s stopped before it was ready", self.me)
-            await self._close()
-            return
-        failed = starting.exception()
-        if failed is not None:
-            await self._close()
-            if isinstance(failed, TopicError):
-                log.error("worker %s could not start: %s", self.me, failed)
-                self.exit_code = 1
-            elif isinstance(failed, KafkaError | KafkaIOError | OSError | TimeoutError):
-                log.error("worker %s could not start: Kafka at %s: %s", self.me, settings.bootstrap,
-                          describe(failed))
-                self.exit_code = EXIT_UNAVAILABLE
-            else:
-                raise failed
+        if not await self._started():
             return
         if settings.metrics_port:
             try:
@@ -363,6 +339,42 @@ class Worker:
                  "verified" if settings.verify_signatures else "NOT verified",
                  lease.max_ttl_ms / 1000, lease.max_wait_ms / 1000, lease.lock_order, lease.id_window_ms / 1000,
                  settings.policies, settings.app_id)
+        await self._consume_until_stopped(ticker)
+
+    async def _started(self) -> bool:
+        """Start (``_start``) unless a stop comes first; whether it started. A failure to start is closed
+        and logged with the exit status it means, or raised when it is not Kafka's or the topics'."""
+        # Starting needs Kafka; a stop asked for meanwhile ends it (no broker: it would wait for ever).
+        starting = asyncio.ensure_future(self._start())
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not starting.done():
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            log.info("worker %s stopped before it was ready", self.me)
+            await self._close()
+            return False
+        failed = starting.exception()
+        if failed is None:
+            return True
+        await self._close()
+        if isinstance(failed, TopicError):
+            log.error("worker %s could not start: %s", self.me, failed)
+            self.exit_code = 1
+        elif isinstance(failed, KafkaError | KafkaIOError | OSError | TimeoutError):
+            log.error("worker %s could not start: Kafka at %s: %s", self.me, self.settings.bootstrap,
+                      describe(failed))
+            self.exit_code = EXIT_UNAVAILABLE
+        else:
+            raise failed
+        return False
+
+    async def _consume_until_stopped(self, ticker: asyncio.Task[None]) -> None:
+        """Decide batches until the stop; then stop ``ticker`` and the retries, let the batch under way
+        finish (within a quarter of the stop budget) and close. A failure of the consuming loop is raised."""
         consuming = asyncio.ensure_future(self._consume())
         stop = asyncio.ensure_future(self.stopping.wait())
         try:

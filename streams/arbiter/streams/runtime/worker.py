@@ -210,7 +210,7 @@ class ChangelogTable(MutableMapping[bytes, Any]):
         return out
 
 
-class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]
+class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types: its base is Any here
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
 

@@ -70,7 +70,7 @@ from arbiter.schemas.identity import Signer, key_id_of, signed_payload
 from arbiter.streams.runtime.common import TABLES
 
 from .log import Entry, Log, from_line, identity, to_line
-from .replay import Engine, Output, dead_letters, from_outside, refused_positions, worker_signed
+from .replay import Derived, Engine, dead_letters, from_outside, refused_positions, worker_signed
 
 FORMAT = "arbiter-audit-checkpoint/1"
 SIGNED_AS = "arbiter.audit.checkpoint"
@@ -279,11 +279,11 @@ class Checkpoint:
         return engine
 
     def decided_entries(self, log: Log, settings: Settings, settled_only: bool = False
-                        ) -> list[tuple[Entry, list[Output]]]:
+                        ) -> list[tuple[Entry, list[Derived]]]:
         """The slice's inputs with what the replay decided for each, in the log's order (``settled_only``:
         without the ones to decide again)."""
         codec = default_codec(settings.max_message_bytes)
-        out: list[tuple[Entry, list[Output]]] = []
+        out: list[tuple[Entry, list[Derived]]] = []
         again = frozenset(self.redecide)
         decoded = self.__dict__.setdefault("_decoded", {})  # each decision decoded once, however often asked
         for _tp, entries in sorted(log.partitions.items()):
@@ -318,7 +318,7 @@ def snapshot(engine: Engine) -> dict[str, dict[str, str]]:
 
 
 def make(log: Log, settings: Settings, state: dict[str, dict[str, str]], settled: dict[tuple[str, int], int],
-         decided: list[tuple[Entry, list[Output]]], findings: list[dict[str, Any]], stats: dict[str, int],
+         decided: list[tuple[Entry, list[Derived]]], findings: list[dict[str, Any]], stats: dict[str, int],
          messages: int, first_ms: int, horizon_ms: int, refused_inputs: list[dict[str, Any]],
          human_actions: list[dict[str, Any]], admin: Signer, previous: Checkpoint | None = None) -> Checkpoint:
     """A signed checkpoint of an audit of ``log``: ``state`` is the engine's after the ``settled`` inputs,
@@ -353,7 +353,7 @@ def make(log: Log, settings: Settings, state: dict[str, dict[str, str]], settled
     return checkpoint
 
 
-def pending_inputs(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]]]) -> set[str]:
+def pending_inputs(log: Log, settings: Settings, decided: list[tuple[Entry, list[Derived]]]) -> set[str]:
     """Inputs some of whose decisions (or the commands they send) are not in the log yet: a later audit
     compares those with what the replay decided for them. Only what a worker signed counts as written:
     a forged decision naming an input (or a forged copy of a command it sends) would leave it out of the
@@ -386,7 +386,7 @@ def pending_inputs(log: Log, settings: Settings, decided: list[tuple[Entry, list
     return pending
 
 
-def consequences(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]]], kept: set[str]) -> set[str]:
+def consequences(log: Log, settings: Settings, decided: list[tuple[Entry, list[Derived]]], kept: set[str]) -> set[str]:
     """What the kept inputs caused that the log records: their decisions, dead letters and the commands they
     sent (a later audit compares them with what the replay decided for the inputs)."""
     t = settings.topics

@@ -71,7 +71,7 @@ from .log import Entry, Log, identity
 from .replay import (
     NO_ANCHORS,
     REFUSALS,
-    Output,
+    Derived,
     dead_letters,
     from_outside,
     refused_positions,
@@ -145,7 +145,7 @@ def _cause_of(record: Record) -> tuple[str, int, int] | None:
     return cause.topic, cause.partition, cause.offset
 
 
-def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]]],
+def check_determinism(log: Log, settings: Settings, decided: list[tuple[Entry, list[Derived]]],
                       findings: Findings, context: Collection[str] = ()) -> dict[str, int]:
     """Compare re-derived decisions with the recorded ones, per input and key. ``context``: positions of
     decisions kept only as context (an audit checkpoint's live state, whose inputs it no longer holds)."""
@@ -196,7 +196,7 @@ def _recorded_decisions(log: Log, settings: Settings, findings: Findings, contex
     return recorded, reached
 
 
-def _derived_decisions(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]]],
+def _derived_decisions(log: Log, settings: Settings, decided: list[tuple[Entry, list[Derived]]],
                        reached: dict[tuple[str, int], int], findings: Findings,
                        stats: dict[str, int]) -> dict[_Group, list[Record]]:
     """The re-derived decisions, grouped as ``_recorded_decisions`` groups the recorded ones; an input the
@@ -271,7 +271,7 @@ def _first_copies(got: list[Entry]) -> list[Entry]:
     return firsts
 
 
-def _check_processor_commands(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]]],
+def _check_processor_commands(log: Log, settings: Settings, decided: list[tuple[Entry, list[Derived]]],
                               reached: dict[tuple[str, int], int], findings: Findings) -> None:
     """The commands the processors send each other (revocations, compensations, wait edges,
     answers to a saga) are inputs too: each must be one a replayed decision sends."""

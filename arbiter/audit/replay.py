@@ -74,8 +74,9 @@ from arbiter.streams.shells.trust import Gate
 
 from .log import Entry, Log
 
-Output = tuple[str, bytes, Record]
-"""(topic, key, record): one thing the worker would have sent (a dead letter on the dead-letter topic)."""
+Derived = tuple[str, bytes, Record]
+"""(topic, key, record): one output the replay derives, as a worker would have sent it (a dead letter on the
+dead-letter topic). The pipeline's ``Output`` with its encoding left out."""
 
 
 def _recorded_outcome(record: ToolApplied | ToolRejected) -> ToolOutcome | None:
@@ -409,7 +410,7 @@ class Engine:
         return (f"<Engine: {len(self.books)} lease books, {len(self.contents)} contents, "
                 f"{len(self.graph_rows)} wait-for rows, {len(self.sagas)} sagas>")
 
-    async def decide(self, entry: Entry, trusted: bool = False) -> list[Output]:
+    async def decide(self, entry: Entry, trusted: bool = False) -> list[Derived]:
         """What the worker sends for one input message (an input topic's message). ``trusted``:
         skip the trust gate (a what-if routes the processors' own commands unsigned)."""
         if entry.topic not in self._inputs:
@@ -469,7 +470,7 @@ async def rederive(log: Log, settings: Settings, engine: Engine | None = None,
                    progress: Callable[[int], None] | None = None, skip: Collection[str] = (),
                    settled: Mapping[tuple[str, int], int] | None = None,
                    at_settled: Callable[[Engine], None] | None = None
-                   ) -> tuple[Engine, list[tuple[Entry, list[Output]]]]:
+                   ) -> tuple[Engine, list[tuple[Entry, list[Derived]]]]:
     """Every input and what the processors decide for it, replayed from the log (but the positions in
     ``skip``: inputs an audit checkpoint's ``engine`` decided already).
 
@@ -478,7 +479,7 @@ async def rederive(log: Log, settings: Settings, engine: Engine | None = None,
     checkpoint keeps is the one of settled inputs only (a tool's outcome is known once its decision is
     in the log). A partition's state is its own, so the order across partitions does not matter."""
     engine = engine or new_engine(log, settings)
-    decided: list[tuple[Entry, list[Output]]] = []
+    decided: list[tuple[Entry, list[Derived]]] = []
     todo = [e for e in inputs(log, settings) if not skip or e.where not in skip]
     if settled is not None:
         first = [e for e in todo if e.offset <= settled.get((e.topic, e.partition), -1)]

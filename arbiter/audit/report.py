@@ -37,8 +37,8 @@ from .checks import (
 from .lanes import timeline
 from .log import Entry, Log
 from .replay import (
+    Derived,
     Engine,
-    Output,
     announcements,
     gc_paused,
     new_engine,
@@ -70,7 +70,7 @@ class Audited:
 
     log: Log
     engine: Engine
-    decided: list[tuple[Entry, list[Output]]]
+    decided: list[tuple[Entry, list[Derived]]]
     findings: list[dict[str, Any]]
     stats: dict[str, int]
     messages: int
@@ -107,7 +107,7 @@ async def _audit(log: Log, settings: Settings, complete: bool, strict: bool, pro
     started = time.perf_counter()
     rules, rule_problems = rules_of(log, settings)
     engine = new_engine(log, settings)
-    carried: list[tuple[Entry, list[Output]]] = []
+    carried: list[tuple[Entry, list[Derived]]] = []
     context: frozenset[str] = frozenset()
     if resume is not None:
         carried, context = _resume_into(engine, log, settings, resume)
@@ -138,7 +138,7 @@ async def _audit(log: Log, settings: Settings, complete: bool, strict: bool, pro
 
 
 def _resume_into(engine: Engine, log: Log, settings: Settings,
-                 resume: Checkpoint) -> tuple[list[tuple[Entry, list[Output]]], frozenset[str]]:
+                 resume: Checkpoint) -> tuple[list[tuple[Entry, list[Derived]]], frozenset[str]]:
     """Restore ``resume``'s state into ``engine``; the decisions it carries (settled ones only) and the
     positions of the decisions its slice keeps only as context (``checks.check_determinism``)."""
     resume.restore(engine)
@@ -164,7 +164,7 @@ class _Judged:
     first_ms: int
 
 
-def _judge(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]]],
+def _judge(log: Log, settings: Settings, decided: list[tuple[Entry, list[Derived]]],
            context: Collection[str]) -> _Judged:
     """Every check run on ``log`` and what the replay ``decided`` from it."""
     findings, stats, human_actions = _check(log, settings, decided, context)
@@ -174,7 +174,7 @@ def _judge(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]
 _Checked = tuple[Findings, dict[str, int], list[dict[str, Any]]]
 
 
-def _check(log: Log, settings: Settings, decided: list[tuple[Entry, list[Output]]],
+def _check(log: Log, settings: Settings, decided: list[tuple[Entry, list[Derived]]],
            context: Collection[str]) -> _Checked:
     """Every check, in the order that lets ``authenticated`` set aside what the others must not judge."""
     findings = Findings()

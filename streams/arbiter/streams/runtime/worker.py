@@ -88,8 +88,8 @@ _tick_log.addFilter(Repeats())  # a tick per partition a second: in an outage, o
 
 KAFKA_ERRORS = (KafkaError, KafkaIOError)
 """A Kafka call failed: aiokafka's errors, or the librdkafka seam's."""
-Output = tuple[str, bytes, bytes]
-"""(topic, key, encoded value): one record to produce."""
+Encoded = tuple[str, bytes, bytes]
+"""(topic, key, encoded value): one output to produce (the pipeline's ``Output``, its record left behind)."""
 REPORT_S = 10.0
 STOP_BUDGET = 12.0
 """Seconds a stopping worker spends settling and closing at most (docs/operations.md: SIGTERM exits within 15 s)."""
@@ -522,7 +522,7 @@ class Worker:
                     await self._transaction(tp, records)
                     self._lag([(tp, records)])
                 return
-            outputs: list[Output] = []
+            outputs: list[Encoded] = []
             t0 = time.perf_counter()
             for tp, records in parts:
                 for record in records:
@@ -676,7 +676,7 @@ class Worker:
 
     async def _transaction(self, tp: TopicPartition, records: list[ConsumerRecord]) -> None:
         producer = self.transactional[tp]
-        outputs: list[Output] = []
+        outputs: list[Encoded] = []
         t0 = time.perf_counter()
         for record in records:
             outputs.extend(await self._decide(record))
@@ -717,7 +717,7 @@ class Worker:
             await producer.send_offsets_to_transaction({tp: offset}, self.settings.app_id)
             await producer.commit_transaction()
 
-    async def _produce(self, producer: Any, outputs: list[Output], tps: set[TopicPartition],
+    async def _produce(self, producer: Any, outputs: list[Encoded], tps: set[TopicPartition],
                        changelog: _Batches | _RdBatches | None = None) -> list[asyncio.Future[Any]]:
         """Queue the decisions, then the changelog of the state they leave; the futures of their
         acknowledgements. Given ``changelog``, the changelog records are packed there now (the next
@@ -748,7 +748,7 @@ class Worker:
             sent.append(failed)
         return sent
 
-    async def _decide(self, message: ConsumerRecord) -> list[Output]:
+    async def _decide(self, message: ConsumerRecord) -> list[Encoded]:
         """Decide one input; its outputs (answers, events, dead letters), in order."""
         self.decided += 1
         # The broker's append time: the same on every redelivery (see arbiter.streams.cores.leases).

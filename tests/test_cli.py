@@ -246,7 +246,7 @@ async def test_the_demo_view_skips_what_it_cannot_decode_and_raises_its_own_bugs
 
     from aiokafka import AIOKafkaProducer
 
-    from arbiter.demo.view import LiveState, follow
+    from arbiter.demo.view import SwarmView, follow
     from arbiter.schemas import Cause, SagaFinished, default_codec
 
     saga_events = kafka_settings.topics.saga_events
@@ -260,22 +260,22 @@ async def test_the_demo_view_skips_what_it_cannot_decode_and_raises_its_own_bugs
     finally:
         await producer.stop()
 
-    async def view(state: LiveState) -> None:
+    async def view(state: SwarmView) -> None:
         caught_up = asyncio.Event()
         caught_up.set()  # read to the end offsets as of now, then return
         await asyncio.wait_for(follow(kafka_settings, state, asyncio.Event(), caught_up), timeout=30)
 
-    state = LiveState()
+    state = SwarmView()
     await view(state)
     assert state.counts["messages the view could not decode"] == 1
     assert state.counts["sagas completed"] == 1
 
-    def broken(self: LiveState, record: object) -> None:
+    def broken(self: SwarmView, record: object) -> None:
         raise ZeroDivisionError("a bug in the view's fold")
 
-    monkeypatch.setattr(LiveState, "feed", broken)
+    monkeypatch.setattr(SwarmView, "feed", broken)
     with pytest.raises(ZeroDivisionError, match="a bug in the view's fold"):
-        await view(LiveState())
+        await view(SwarmView())
 
 
 @pytest.mark.kafka

@@ -28,7 +28,7 @@ from arbiter.demo.runs import (
     safe_swarm,
     unsafe_swarm,
 )
-from arbiter.demo.view import LiveState, Screen
+from arbiter.demo.view import Screen, SwarmView
 from arbiter.edge.kafkaauth import kafka_client_options
 from arbiter.edge.settings import Settings
 from arbiter.kafka import LocalKafka, LocalKafkaError, broker_answers
@@ -107,7 +107,7 @@ def _demo(ctx: click.Context, workers: int, speed: float, seed: int, unsafe: boo
                    f"{plan.customers} customers, {plan.slow_agents} slow agents and their backups, a delegation "
                    f"ring of 4, {plan.drafters} drafters on one document (seed {seed}, speed x{speed:g})")
         door_url = _start_door(settings, folder, via_http, stack)
-        live, screen = LiveState(), Screen()
+        live, screen = SwarmView(), Screen()
         interrupted = False
         coding = None
         try:

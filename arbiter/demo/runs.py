@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from arbiter.demo.view import LiveState, Screen, follow, progress_line
+from arbiter.demo.view import Screen, SwarmView, follow, progress_line
 from arbiter.edge.settings import Settings, Topics
 from arbiter.processes import RunnerProcess, WorkerPool
 from arbiter.schemas.partitioning import key_for_partition
@@ -34,7 +34,7 @@ class RunResult:
     invariants: dict[str, Any]
     sections: int
     drafters: int
-    live: LiveState | None = None
+    live: SwarmView | None = None
 
     def corruption(self) -> dict[str, str]:
         """One line per kind of corruption (the side-by-side table's rows)."""
@@ -117,7 +117,7 @@ async def _enroll_while_served(settings: Settings, agents: dict[str, list[str]],
     return enrolling
 
 
-async def safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: LiveState, screen: Screen,
+async def safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: SwarmView, screen: Screen,
                      door_url: str | None = None) -> Any:
     """The swarm and the rogue with Arbiter, drawn live; its tally, its ledger and the rogue's report."""
     from arbiter.agents import ArbiterClient
@@ -164,7 +164,7 @@ async def safe_swarm(settings: Settings, plan: Any, pool: WorkerPool, live: Live
     return tally, ledger, rogue
 
 
-async def _draw_until_done(settings: Settings, plan: Any, pool: WorkerPool, live: LiveState, screen: Screen,
+async def _draw_until_done(settings: Settings, plan: Any, pool: WorkerPool, live: SwarmView, screen: Screen,
                            tally: Any, swarm_and_rogue: Callable[[], Coroutine[Any, Any, RogueReport]]) -> RogueReport:
     """Run ``swarm_and_rogue`` while the live view follows the log and is drawn (and the workers are
     checked alive); once it is done, draw the view caught up with the log. The rogue's report."""
@@ -224,7 +224,7 @@ async def unsafe_swarm(plan: Any, ledger_path: Path) -> Any:
     return tally, ledger
 
 
-def result_of(mode: str, plan: Any, tally: Any, ledger: Any, live: LiveState | None = None
+def result_of(mode: str, plan: Any, tally: Any, ledger: Any, live: SwarmView | None = None
             ) -> RunResult:
     found = ledger.document(plan.document)
     sections = len(found[1].get("sections", [])) if found else 0
@@ -232,7 +232,7 @@ def result_of(mode: str, plan: Any, tally: Any, ledger: Any, live: LiveState | N
 
 
 def print_safe(result: RunResult) -> None:
-    live = result.live or LiveState()
+    live = result.live or SwarmView()
     counts, rejected = result.tally.counts, live.rejections
     rows = [
         ("fencing tokens", f"{rejected['stale_fencing_token'] + rejected['lease_not_live']} zombie writes "

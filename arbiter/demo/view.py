@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,95 +14,64 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
+from arbiter.edge.livefeed import LiveState
 from arbiter.edge.settings import Settings
 from arbiter.edge.tail import Tail
 from arbiter.schemas import (
-    Compensated,
-    DeadlockDetected,
-    LockCancelled,
-    LockDenied,
-    LockExpired,
-    LockGranted,
-    LockQueued,
-    LockReleased,
-    LockRevoked,
-    LockWaitTimedOut,
     Record,
-    SagaFinished,
-    ToolApplied,
-    ToolRejected,
-    WaitEdgeAdded,
 )
 
 # -- the live view -------------------------------------------------------------------------
 
 
 @dataclass
-class LiveState:
-    """What the run's decisions say, folded as they arrive."""
+class SwarmView:
+    """The demo's view of its run: the log's one live fold (``arbiter.edge.livefeed.LiveState``, which the console
+    and ``arbiter top`` show too), drawn as lines of text."""
 
-    holders: dict[str, dict[int, str]] = field(default_factory=lambda: defaultdict(dict))
-    queued: dict[str, dict[str, str]] = field(default_factory=lambda: defaultdict(dict))
-    counts: Counter[str] = field(default_factory=Counter)
-    rejections: Counter[str] = field(default_factory=Counter)
-    victims: list[str] = field(default_factory=list)
-    sagas: dict[str, str] = field(default_factory=dict)
-    """Each agent's saga, by the delegation edges it sends (anyone who reads the log sees them)."""
-
-    seen: set[tuple[str, str]] = field(default_factory=set)
+    state: LiveState = field(default_factory=LiveState)
 
     def feed(self, record: Record) -> None:
         """Fold one decision (a redelivered copy counts once)."""
-        from arbiter.audit.log import identity
+        self.state.apply(record)
 
-        if isinstance(record, LockGranted | LockQueued | DeadlockDetected | Compensated | SagaFinished | ToolApplied
-                      | ToolRejected | LockDenied):
-            ident = identity(record)
-            if ident in self.seen:
-                return
-            self.seen.add(ident)
-        if isinstance(record, LockGranted):
-            self.counts["grants"] += 1
-            if self.queued[record.resource].pop(record.request_id, None) is not None:
-                self.counts["granted after waiting"] += 1
-            self.holders[record.resource][record.token] = record.agent_id
-        elif isinstance(record, LockQueued):
-            self.queued[record.resource][record.request_id] = record.agent_id
-        elif isinstance(record, LockReleased | LockExpired | LockRevoked):
-            self.holders[record.resource].pop(record.token, None)
-            if isinstance(record, LockExpired):
-                self.counts["expired"] += 1
-        elif isinstance(record, LockCancelled | LockWaitTimedOut):
-            self.queued[record.resource].pop(record.request_id, None)
-        elif isinstance(record, LockDenied | ToolRejected):
-            self.rejections[record.reason] += 1
-        elif isinstance(record, ToolApplied):
-            self.counts["writes"] += 1
-        elif isinstance(record, DeadlockDetected):
-            self.counts["deadlocks"] += 1
-            self.victims.append(record.victim)
-        elif isinstance(record, Compensated):
-            self.counts["compensations"] += 1
-        elif isinstance(record, SagaFinished):
-            self.counts[f"sagas {record.outcome.lower()}"] += 1
-        elif isinstance(record, WaitEdgeAdded) and record.source == "delegation" and record.saga_id:
-            self.sagas.setdefault(record.waiter, record.saga_id)
+    @property
+    def counts(self) -> Counter[str]:
+        """Decisions by kind."""
+        return self.state.counts
+
+    @property
+    def rejections(self) -> Counter[str]:
+        """Refusals by reason."""
+        return self.state.rejections
+
+    @property
+    def victims(self) -> list[str]:
+        """Each deadlock's victim."""
+        return self.state.victims
+
+    @property
+    def sagas(self) -> dict[str, str]:
+        """Each agent's saga, by the delegation edges it sends (anyone who reads the log sees them)."""
+        return self.state.saga_of
 
     def leases(self, agents: Iterable[str]) -> list[tuple[str, str, int]]:
         """(agent, resource, token) of each lease one of ``agents`` holds now."""
         wanted = set(agents)
-        return sorted((agent, resource, token) for resource, held in self.holders.items()
-                      for token, agent in held.items() if agent in wanted)
+        return sorted((agent, resource, held["token"]) for resource, book in self.state.resources.items()
+                      for agent, held in book["holders"].items() if agent in wanted)
 
     def lines(self, done: int, total: int, elapsed: float, width: int = 30) -> list[str]:
         """The view, as lines of text."""
+        books = self.state.resources
         out = [progress_line("swarm", done, total, elapsed, width)]
-        busy = sorted(r for r in set(self.holders) | set(self.queued) if self.holders[r] or self.queued[r])
-        out.append(f"leases: {sum(len(h) for h in self.holders.values())} held, "
-                   f"{sum(len(q) for q in self.queued.values())} queued")
+        out.append(f"leases: {sum(len(b['holders']) for b in books.values())} held, "
+                   f"{sum(len(b['queue']) for b in books.values())} queued")
+        busy = sorted(books)
         for resource in busy[:8]:
-            held = ", ".join(f"{agent} (token {token})" for token, agent in sorted(self.holders[resource].items()))
-            waiting = ", ".join(sorted(self.queued[resource].values()))
+            holders = sorted((held["token"], agent) for agent, held in books[resource]["holders"].items())
+            held = ", ".join(f"{agent} (token {token})" for token, agent in holders)
+            waiting = ", ".join(sorted(books[resource]["queue"]))
             out.append(f"  {resource[:44]:<44} held by {held or '-'}" + (f"; queued: {waiting}" if waiting else ""))
         if len(busy) > 8:
             out.append(f"  ... and {len(busy) - 8} more resources")
@@ -120,7 +89,7 @@ def progress_line(label: str, done: int, total: int, elapsed: float, width: int 
     return f"{label} [{'#' * filled}{'-' * (width - filled)}] {done}/{total} steps, {elapsed:5.1f} s"
 
 
-async def follow(settings: Settings, state: LiveState, stop: asyncio.Event,
+async def follow(settings: Settings, state: SwarmView, stop: asyncio.Event,
                  catch_up: asyncio.Event | None = None) -> None:
     """Fold the run's decision topics into ``state`` until ``stop`` (read-only, no group).
 
@@ -143,7 +112,7 @@ async def follow(settings: Settings, state: LiveState, stop: asyncio.Event,
                 _fold(state, record)
 
 
-def _fold(state: LiveState, record: Record | None) -> None:
+def _fold(state: SwarmView, record: Record | None) -> None:
     if record is None:
         state.counts["messages the view could not decode"] += 1
     else:

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import defaultdict, deque
+from collections import Counter, OrderedDict, defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +63,13 @@ _LeaseDecision = (LockGranted | LockQueued | LockReleased | LockExpired | LockRe
 """The lease book's decisions: each changes who holds a resource or who waits for it (or is refused)."""
 
 
+_Decision = (LockGranted | LockQueued | LockDenied | DeadlockDetected | Compensated | SagaFinished | ToolApplied
+             | ToolRejected)
+"""Decisions a redelivery may bring twice (the worker's outputs are at least once): folded once each."""
+SEEN = 100_000
+"""How many of the latest decisions the fold remembers to know a copy (a copy comes within seconds)."""
+
+
 @dataclass
 class LiveState:
     """What the console shows, folded from the log one record at a time."""
@@ -84,6 +91,17 @@ class LiveState:
     history: dict[str, deque[dict[str, Any]]] = field(
         default_factory=lambda: defaultdict(lambda: deque(maxlen=HISTORY)))
     decisions: int = 0
+    counts: Counter[str] = field(default_factory=Counter)
+    """Decisions by kind (grants, granted after waiting, expired, writes, deadlocks, compensations, sagas by
+    outcome): the totals the demo prints."""
+    rejections: Counter[str] = field(default_factory=Counter)
+    """Refusals by reason, in all (``refusals`` keeps the recent ones, by time)."""
+    victims: list[str] = field(default_factory=list)
+    """Each deadlock's victim, in order."""
+    saga_of: dict[str, str] = field(default_factory=dict)
+    """Each agent's saga, as its delegation edges name it."""
+    seen: OrderedDict[tuple[str, bytes], None] = field(default_factory=OrderedDict)
+    """The latest decisions folded, by content: a copy delivered again is folded once (``SEEN``)."""
 
     def snapshot(self) -> dict[str, Any]:
         """Everything, for a page that just opened (the resources that have a holder or a queue)."""
@@ -110,7 +128,15 @@ class LiveState:
             del self.refusals[old]
 
     def apply(self, record: Record) -> dict[str, Any] | None:
-        """Fold one record in; the change to send to the pages (None: nothing they show changed)."""
+        """Fold one record in; the change to send to the pages (None: nothing they show changed, or a copy of a
+        decision folded already)."""
+        if isinstance(record, _Decision):
+            identity = (type(record).__name__, record.__pydantic_serializer__.to_json(record))
+            if identity in self.seen:
+                return None
+            self.seen[identity] = None
+            if len(self.seen) > SEEN:
+                self.seen.popitem(last=False)
         change = self._fold(record)
         while len(self.sagas) > 2000:
             self.sagas.pop(next(iter(self.sagas)))
@@ -142,9 +168,13 @@ class LiveState:
         book = self.resources.setdefault(record.resource, {"holders": {}, "queue": []})
         agent, at = record.agent_id, record.decided_at_ms
         kind = type(record).__name__.removeprefix("Lock").lower()
+        waited = isinstance(record, LockGranted) and agent in book["queue"]
         _update_book(book, record)
+        if waited:
+            self.counts["granted after waiting"] += 1
         if isinstance(record, LockDenied):
             self._refused(at, record.reason)
+        self._count_lease(record)
         change = {"kind": kind, "resource": record.resource, "agent": agent, "at": at,
                   "reason": getattr(record, "reason", None), "book": _shown(book)}
         if not book["holders"] and not book["queue"]:
@@ -152,12 +182,23 @@ class LiveState:
         self._remember([record.resource, agent], {k: v for k, v in change.items() if k != "book"})
         return change
 
+    def _count_lease(self, record: _LeaseDecision) -> None:
+        if isinstance(record, LockGranted):
+            self.counts["grants"] += 1
+        elif isinstance(record, LockExpired):
+            self.counts["expired"] += 1
+        elif isinstance(record, LockDenied):
+            self.rejections[record.reason] += 1
+
     def _write_decided(self, record: ToolApplied | ToolRejected) -> dict[str, Any]:
         self.decisions += 1
         at = record.decided_at_ms
         reason = "applied" if isinstance(record, ToolApplied) else record.reason
         if isinstance(record, ToolRejected):
             self._refused(at, record.reason)
+            self.rejections[record.reason] += 1
+        else:
+            self.counts["writes"] += 1
         change = {"kind": "write", "resource": record.resource, "agent": record.agent_id, "at": at,
                   "tool": record.tool, "reason": reason}
         self._remember([record.resource, record.agent_id], change)
@@ -165,6 +206,8 @@ class LiveState:
 
     def _edge(self, record: WaitEdgeAdded | WaitEdgeRemoved) -> dict[str, Any] | None:
         if isinstance(record, WaitEdgeAdded):
+            if record.source == "delegation" and record.saga_id:
+                self.saga_of.setdefault(record.waiter, record.saga_id)
             self.edges[record.edge_id] = {"id": record.edge_id, "waiter": record.waiter, "holder": record.holder,
                                           "source": record.source, "resource": record.resource}
             return {"kind": "edge", "edge": self.edges[record.edge_id]}
@@ -177,6 +220,8 @@ class LiveState:
                  "at": record.decided_at_ms, "message": record.message}
         if all(d["id"] != found["id"] for d in self.deadlocks):
             self.deadlocks.append(found)
+            self.counts["deadlocks"] += 1
+            self.victims.append(record.victim)
             self._remember(list(record.cycle), {"kind": "deadlock", "at": record.decided_at_ms,
                                                "agent": record.victim, "reason": record.message})
             return {"kind": "deadlock", "deadlock": found}
@@ -192,10 +237,12 @@ class LiveState:
                                                           "compensated": 0, "agent": ""})
             saga["compensated"] += 1
             saga["status"] = "compensating"
+            self.counts["compensations"] += 1
         else:
             saga = self.sagas.setdefault(record.saga_id, {"id": record.saga_id, "steps": 0, "compensated": 0,
                                                           "agent": ""})
             saga["status"] = record.outcome
+            self.counts[f"sagas {record.outcome.lower()}"] += 1
         return {"kind": "saga", "saga": saga}
 
 
@@ -204,7 +251,7 @@ def _update_book(book: dict[str, Any], record: _LeaseDecision) -> None:
     agent = record.agent_id
     if isinstance(record, LockGranted):
         book["holders"][agent] = {"mode": record.mode, "expires_at_ms": record.expires_at_ms,
-                                  "since_ms": record.decided_at_ms}
+                                  "since_ms": record.decided_at_ms, "token": record.token}
         if agent in book["queue"]:
             book["queue"].remove(agent)
     elif isinstance(record, LockRenewed):

@@ -44,7 +44,7 @@ from confluent_kafka import TopicPartition as RdPartition
 
 from ..settings import Settings
 from . import Headers, KafkaIOError
-from .rdkafka import PolledProducer, _common, _Errors, io_error
+from .rdkafka import PolledProducer, _common, _Errors, io_error, refuse, reply
 
 log = logging.getLogger("arbiter.kafka")
 
@@ -310,18 +310,19 @@ class RdGroup:
     def _obey(self, consumer: Consumer) -> None:
         while self._requests:
             work, answer = self._requests.popleft()
+            if answer.cancelled():
+                continue  # the caller gave up waiting (its timeout said so): the work is not wanted
             try:
                 result = work(consumer)
             except Exception as exc:
-                answer.set_exception(exc)
+                refuse(answer, exc)
             else:
-                answer.set_result(result)
+                reply(answer, result)
 
     def _fail_requests(self, exc: BaseException) -> None:
         while self._requests:
             _work, answer = self._requests.popleft()
-            if not answer.done():
-                answer.set_exception(exc)
+            refuse(answer, exc)
 
     def _seek(self, consumer: Consumer, tp: Partition, offset: int, epoch: int) -> None:
         self._fetching[tp] = epoch

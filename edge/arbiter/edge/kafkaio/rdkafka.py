@@ -169,6 +169,19 @@ def _call_into(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], call: 
         loop.call_soon_threadsafe(outcome)
 
 
+def reply(fut: ThreadFuture[Any], result: Any) -> None:
+    """Answer a caller waiting across threads, unless it gave up (a timeout cancels the future: setting
+    it then raises, and must not stop the thread that answers)."""
+    if fut.set_running_or_notify_cancel():
+        fut.set_result(result)
+
+
+def refuse(fut: ThreadFuture[Any], exc: BaseException) -> None:
+    """Fail a caller waiting across threads, unless it gave up (see ``reply``)."""
+    if fut.set_running_or_notify_cancel():
+        fut.set_exception(exc)
+
+
 def _settle(fut: asyncio.Future[None], err: KafkaError | None) -> None:
     if fut.done():
         return  # the sender gave up on it (a timeout); the report is of no use now
@@ -586,9 +599,9 @@ class RdReader:
                         failed = io_error(exc, f"reading the offsets of {command[1]}[{command[2]}]")
                         if exc.args[0].code() == KafkaError._ALL_BROKERS_DOWN:
                             failed.retriable = False  # no broker answers: the caller hears it now
-                        answer.set_exception(failed)
+                        refuse(answer, failed)
                     else:
-                        answer.set_result((int(low), int(high)))
+                        reply(answer, (int(low), int(high)))
             except KafkaException as exc:
                 log.error("the Kafka reader could not %s %s[%d]: %s", command[0], command[1], command[2], exc)
 
@@ -600,20 +613,20 @@ class RdReader:
             failed = io_error(exc, f"reading {topic}'s metadata")
             if exc.args[0].code() == KafkaError._ALL_BROKERS_DOWN:
                 failed.retriable = False
-            answer.set_exception(failed)
+            refuse(answer, failed)
             return
         found = metadata.topics.get(topic)
         if found is not None and found.error is not None and found.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
-            answer.set_exception(io_error(found.error, f"reading {topic}'s metadata"))
+            refuse(answer, io_error(found.error, f"reading {topic}'s metadata"))
             return
-        answer.set_result(len(found.partitions) if found is not None and found.error is None and found.partitions
-                          else None)
+        reply(answer, len(found.partitions) if found is not None and found.error is None and found.partitions
+              else None)
 
     def _fail_commands(self, exc: KafkaIOError) -> None:
         while self._commands:
             command = self._commands.popleft()
-            if command[0] in ("offsets", "meta") and not command[3].done():
-                command[3].set_exception(exc)
+            if command[0] in ("offsets", "meta"):
+                refuse(command[3], exc)
 
     def _records(self, messages: list[Any]) -> list[Received]:
         records = []

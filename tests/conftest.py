@@ -27,7 +27,8 @@ from arbiter.streams.runtime.topics import ensure_topics
 if TYPE_CHECKING:
     from arbiter.audit.log import Log
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
+"""The checkout's root: test modules take it from here, whatever their depth under tests/."""
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ Arbiter client and decides (``arbiter.mcp.hook``); the client prints what the ag
 - undecidable (no process answers within ``--timeout``, input it cannot read, Arbiter unreachable): the
   reason on stderr, exit 2, which both agents read as "block" (exit 1 would let the call go ahead).
 
-This module must import only the standard library: ``tests/test_hook_socket.py`` checks it.
+This module must import only the standard library: ``tests/mcp/test_hook_socket.py`` checks it.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ partition until the previous one returns: a partition whose fetch is parked on t
 broker, e.g. right after a rebalance or when the fetch went to a partition with no
 data while a sibling partition got some, can leave a ready message waiting up to 1.5 s.
 Arbiter's lease hand-offs are latency critical, so the wait comes from
-``Settings.fetch_max_wait_ms`` instead. ``tests/test_transport.py`` fails if a new
+``Settings.fetch_max_wait_ms`` instead. ``tests/bench/test_faust_baseline.py`` fails if a new
 aiokafka renames the attribute this relies on.
 """
 

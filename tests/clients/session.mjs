@@ -1,5 +1,5 @@
 // A front-door session client in plain JavaScript (Node's built-in WebSocket and fetch, no packages),
-// driven by tests/test_door_http.py: it shows an agent in another language holding a session.
+// driven by tests/door/test_door_http.py: it shows an agent in another language holding a session.
 //
 //   node session.mjs URL API_KEY [--acquire RESOURCE] [--until TYPE] [--timeout SECONDS]
 //

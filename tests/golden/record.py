@@ -13,7 +13,7 @@ broken), every decision, agent inbox copies included, is re-derived identically
 the live log itself written, as an archive (``write_archive``): the commands that came
 from outside, the clock's ticks, and every decision the worker made from them.
 
-``tests/test_golden.py`` re-derives every decision of every history through the
+``tests/streams/shells/test_golden.py`` re-derives every decision of every history through the
 processors' current code and fails on the first difference, naming it. There is no
 offline rewrite: a history is only ever what a live worker decided. When a change of
 decisions is intended, re-record the stories it affects with this command, against a

@@ -1,6 +1,6 @@
 """The agent-side SDK: what an AI agent uses to talk to Arbiter.
 
-The public surface is re-exported here and pinned by ``tests/test_sdk_exports.py``.
+The public surface is re-exported here and pinned by ``tests/agents/test_sdk_exports.py``.
 """
 
 from arbiter.agents.client import ArbiterClient, PingResult

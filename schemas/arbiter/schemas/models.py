@@ -1,7 +1,7 @@
 """Pydantic models: the Python face of the Avro contract in ``schemas/``.
 
 Each model mirrors exactly one ``.avsc`` file (``AVRO_NAME`` is the schema's full
-name). ``tests/test_contract.py`` proves the mirror: same set of models as schema
+name). ``tests/schemas/test_contract.py`` proves the mirror: same set of models as schema
 files, same field names and types, and a lossless round trip for every model.
 
 Conventions that keep the wire format language-neutral:
@@ -659,7 +659,7 @@ def trusted(cls: type[R], **values: Any) -> R:
 
     For the pure cores' hot path only: they build decisions from records that were validated
     when decoded, and validation cost ~3 us of each decision's ~10. The result equals the
-    validated record (``tests/test_contract.py`` checks every model); anything built from
+    validated record (``tests/schemas/test_contract.py`` checks every model); anything built from
     outside input must use the model's constructor.
     """
     template = _DEFAULTS.get(cls)

@@ -5,7 +5,7 @@ Theory of operation
 -------------------
 Two implementations sit behind it, chosen by the ``kafka_client`` setting: ``librdkafka``
 (confluent-kafka, the default; :mod:`.rdkafka`) and ``aiokafka`` (:mod:`.aio`). The same
-contract suite (``tests/test_kafkaio_contract.py``) runs against both on a real broker.
+contract suite (``tests/edge/test_kafkaio_contract.py``) runs against both on a real broker.
 
 A :class:`Sender` sends one record and returns once every in-sync replica has it; keys go to
 partitions by Kafka's Java rule (murmur2, :func:`arbiter.schemas.partitioning.partition_for`),

@@ -114,7 +114,7 @@ async def _known_everywhere(admin: AIOKafkaAdminClient, names: list[str]) -> dic
     """Each of ``names``' partition count, when every broker describes them all with leaders; else None.
 
     (aiokafka's admin client asks whichever broker it likes; asking each one needs its client, the one
-    private attribute of another package read here: ``tests/test_code_shape.py`` names it.)"""
+    private attribute of another package read here: ``tests/project/test_code_shape.py`` names it.)"""
     brokers = [broker.nodeId for broker in admin._client.cluster.brokers()]
     counts: dict[str, int] = {}
     for node in brokers or [admin._client.get_random_node()]:

@@ -1,8 +1,14 @@
-"""Shared fixtures. Tests marked ``kafka`` need a real broker and FAIL when none answers.
+"""Shared fixtures, and each test's tier. Tests marked ``kafka`` need a real broker and FAIL when none answers.
 
 The broker is the one ``ARBITER_BOOTSTRAP`` names (``./dev test`` and ``.ci/run``
 start the local one). Each test module gets topics and a consumer group of its own,
 so tests never see each other's messages.
+
+Every test is in one tier (``./dev test --tier NAME`` runs one): ``e2e`` is marked by hand;
+a test that needs a service (marked ``kafka`` or ``postgres``) is ``broker``; the rest are
+``pure``. The tiers say how big a test is; ``kafka`` and ``postgres`` say what it needs, and
+a test that asks for the broker or a PostgreSQL ledger is marked so here even if its module
+forgot, so it can never land in ``pure``.
 """
 
 from __future__ import annotations
@@ -29,6 +35,26 @@ if TYPE_CHECKING:
 
 REPO = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 """The checkout's root: test modules take it from here, whatever their depth under tests/."""
+
+
+TIERS = ("pure", "broker", "e2e")
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by the tiers given here
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark what each test needs, then its tier (the module's docstring says how)."""
+    for item in items:
+        params = item.callspec.params if hasattr(item, "callspec") else {}
+        if "bootstrap" in item.fixturenames and "bootstrap" not in params:  # the fixture, not a parameter so named
+            item.add_marker(pytest.mark.kafka)
+        if params.get("ledger_dsn") == "postgres":
+            item.add_marker(pytest.mark.postgres)
+        marked = [tier for tier in TIERS if item.get_closest_marker(tier) is not None]
+        if marked not in ([], ["e2e"]):
+            raise pytest.UsageError(f"{item.nodeid} is marked {marked}: only e2e is marked by hand, "
+                                    "tests/conftest.py gives pure and broker")
+        needs_a_service = any(item.get_closest_marker(name) is not None for name in ("kafka", "postgres"))
+        item.add_marker("e2e" if marked else "broker" if needs_a_service else "pure")
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ from arbiter.processes import DoorProcess, settings_env
 from tests.conftest import REPO
 from tests.door.test_door_http import node_command
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 EXAMPLES = REPO / "agents" / "arbiter" / "agents" / "examples"
 

@@ -37,6 +37,7 @@ def _private_broker(home: Path) -> LocalKafka:
     return LocalKafka(own)
 
 
+@pytest.mark.e2e
 @pytest.mark.kafka
 async def test_a_dead_broker_is_a_retriable_arbiter_error_and_a_patient_send_goes_through(tmp_path: Path) -> None:
     broker = _private_broker(tmp_path / "broker")

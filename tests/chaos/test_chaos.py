@@ -41,6 +41,7 @@ def names(result: dict[str, Any]) -> set[str]:
     return {c["name"] for c in result["checks"]}
 
 
+@pytest.mark.e2e
 @pytest.mark.kafka
 def test_worker_kill_beside_a_calm_baseline(bootstrap: str, tmp_path: Path) -> None:
     result = chaos(bootstrap, tmp_path, "worker-kill", "--calm")
@@ -52,6 +53,7 @@ def test_worker_kill_beside_a_calm_baseline(bootstrap: str, tmp_path: Path) -> N
     assert targets["audit_violations"] == 0 and targets["violations_met"]
 
 
+@pytest.mark.e2e
 @pytest.mark.kafka
 def test_freeze_agent_writes_on_waking_are_refused(bootstrap: str, tmp_path: Path) -> None:
     result = chaos(bootstrap, tmp_path, "freeze-agent")
@@ -63,6 +65,7 @@ def test_freeze_agent_writes_on_waking_are_refused(bootstrap: str, tmp_path: Pat
     assert "APPLIED" not in rows["frozen agent's writes on waking"], rows
 
 
+@pytest.mark.e2e
 @pytest.mark.kafka
 def test_broker_restart_on_a_private_broker(bootstrap: str, tmp_path: Path) -> None:
     result = chaos(bootstrap, tmp_path, "broker-restart")
@@ -73,6 +76,7 @@ def test_broker_restart_on_a_private_broker(bootstrap: str, tmp_path: Path) -> N
     assert "grants resume after each broker restart" in names(result)
 
 
+@pytest.mark.e2e
 @pytest.mark.kafka
 def test_duplicates_are_decided_once(bootstrap: str, tmp_path: Path) -> None:
     result = chaos(bootstrap, tmp_path, "duplicates")
@@ -80,6 +84,7 @@ def test_duplicates_are_decided_once(bootstrap: str, tmp_path: Path) -> None:
     assert sum(int(f["fault"].split()[0]) for f in result["faults"]) >= 10, result["faults"]
 
 
+@pytest.mark.e2e
 @pytest.mark.kafka
 def test_malformed_records_are_all_refused_and_no_worker_stops(bootstrap: str, tmp_path: Path) -> None:
     result = chaos(bootstrap, tmp_path, "malformed")

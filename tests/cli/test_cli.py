@@ -138,6 +138,7 @@ def test_lock_commands_from_a_shell(kafka_settings: Settings, workers: WorkerPoo
     assert after["holders"] == [] and after["high_water_token"] == token
 
 
+@pytest.mark.e2e
 @pytest.mark.kafka
 def test_the_main_job_runs_safe_and_unsafe_side_by_side(bootstrap: str, tmp_path: Path) -> None:
     from tests.conftest import isolated_settings
@@ -196,6 +197,7 @@ def _processes_with(marker: str) -> list[int]:
     return found
 
 
+@pytest.mark.e2e
 @pytest.mark.kafka
 def test_ctrl_c_stops_the_demo_cleanly_and_audits_the_partial_log(bootstrap: str, tmp_path: Path) -> None:
     import signal
@@ -387,6 +389,7 @@ def test_every_verb_without_kafka_says_it_in_the_docs_words(tmp_path: Path) -> N
         assert len(lines) == 2 and "arbiter kafka up" in lines[1], (verb, ran.stderr)
 
 
+@pytest.mark.kafka  # its bootstrap fixture needs a broker that answers
 @pytest.mark.parametrize("name", ["admin", "../x", "a/b", "a b", "a\x01", "saga:x", "-x", "x" * 201])
 def test_a_worker_or_runner_named_admin_or_a_path_is_refused_and_nothing_is_written(bootstrap: str, tmp_path: Path,
                                                                                     name: str) -> None:

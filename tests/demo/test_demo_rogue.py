@@ -31,6 +31,7 @@ EXPECTED = [
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.kafka
 @pytest.mark.parametrize("via_http", [False, True], ids=["kafka", "front-door"])
 def test_the_demo_refuses_every_attack_of_its_rogue_agent(bootstrap: str, tmp_path: Path, via_http: bool) -> None:

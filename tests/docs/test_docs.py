@@ -186,6 +186,7 @@ async def arbiter_started(settings: Settings) -> AsyncIterator[DoorProcess]:
         workers.stop()
 
 
+@pytest.mark.e2e
 @pytest.mark.kafka
 async def test_the_docs_run_as_written(kafka_settings: Settings, tmp_path: Path) -> None:
     settings = kafka_settings

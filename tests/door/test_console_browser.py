@@ -29,7 +29,7 @@ from tests.audit.test_audit_html import chromium
 LIVE = "document.getElementById('status').textContent === 'live'"
 """The page's stream is open (the door's live feed has caught up with the log first: on a busy broker, seconds)."""
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 HOSTILE = 'doc:<img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'
 

@@ -41,7 +41,7 @@ from arbiter.schemas.partitioning import key_for_partition, partition_for
 from arbiter.streams.runtime.topics import ensure_topics
 from tests.conftest import assert_clean_audit, isolated_settings, share_broker_jars
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 FAILOVER_BUDGET = 10.0
 """Seconds from a node's SIGKILL until agents are granted leases again, by themselves."""

@@ -35,7 +35,7 @@ from tests.streams.shells.test_gateway_kafka import (
 )
 from tests.streams.shells.test_leases_kafka import test_mutual_exclusion_under_load as test_39_mutual_exclusion
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 OLDER = "3.9.1"
 

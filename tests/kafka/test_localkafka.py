@@ -18,7 +18,7 @@ from arbiter.kafka import LocalKafka, LocalKafkaError, broker_answers
 from arbiter.streams.runtime.topics import ensure_topics
 from tests.conftest import share_broker_jars
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 
 def free_port() -> int:

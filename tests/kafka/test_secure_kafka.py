@@ -27,7 +27,7 @@ from arbiter.edge.settings import Settings
 from arbiter.kafka import LocalKafka, LocalKafkaError, broker_answers, secure_acls
 from tests.conftest import share_broker_jars
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 AGENT, WORKER, ADMIN = "arbiter-agent", "arbiter-worker", "arbiter-admin"
 

@@ -32,7 +32,7 @@ from tests.conftest import assert_clean_audit, isolated_settings
 from tests.streams.shells.test_gateway_kafka import start_worker
 from tests.streams.tools.test_git_tools import make_repo, sh
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 AGENT = """
 import asyncio, json, os, subprocess, sys

@@ -24,7 +24,7 @@ from tests.conftest import assert_clean_audit, isolated_settings
 from tests.mcp.test_mcp import http_client, stdio
 from tests.streams.tools.test_git_tools import commit, make_repo, sh
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 
 class Stack:

@@ -37,7 +37,7 @@ from arbiter.streams.runtime.topics import ensure_topics
 from tests.conftest import isolated_settings, share_broker_jars
 from tests.streams.tools.test_git_tools import make_repo
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 OUTAGE_S = 30.0
 WORKER_LINES = 300

@@ -341,6 +341,7 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+@pytest.mark.e2e
 @pytest.mark.kafka
 async def test_a_busy_worker_carries_on_after_its_broker_is_killed_and_restarted(tmp_path: Path) -> None:
     """kill -9 of the (only) broker in the middle of a burst: the worker's writes and commits fail,

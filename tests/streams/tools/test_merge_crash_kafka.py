@@ -20,7 +20,7 @@ from tests.conftest import assert_clean_audit, isolated_settings
 from tests.streams.shells.test_gateway_kafka import start_worker
 from tests.streams.tools.test_git_tools import commit, make_repo, sh
 
-pytestmark = pytest.mark.kafka
+pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
 
 FAILPOINTS = [f"merge_{step}" for step in STEPS] + ["crash_after_tool"]
 """Each step of a landing (journal written; inside git's ref transaction; branch moved; checkout synced), and

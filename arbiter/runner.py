@@ -245,7 +245,7 @@ class CheckRunner:
             commit="", tree="", check_digest=repository.check_digest(), command=repository.check_text(), passed=False,
             conflicts=conflicts or [],
             exit_code=None, stopped=stopped, output_digest="", output_bytes=0, output_tail="", seconds_ms=0,
-            sent_at_ms=now_ms()))
+            at_ms=now_ms()))
         self.sent.add((entry.intent_id, base))
         self.results[entry.intent_id, base] = False
 
@@ -262,7 +262,7 @@ def _verdict(runner: str, resource: str, entry: Entry, base: str, commit: str, t
         passed=result.passed, conflicts=[],
         exit_code=result.exit_code, stopped=result.stopped, output_digest=result.output_digest,
         output_bytes=result.output_bytes, output_tail=result.output[-4000:], seconds_ms=round(result.seconds * 1000),
-        sent_at_ms=now_ms())
+        at_ms=now_ms())
 
 
 def undumpable() -> None:

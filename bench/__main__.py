@@ -44,7 +44,7 @@ def bench_codec(seconds: float) -> None:
     codec = default_codec()
     holder = Holder(agent_id="alpha", request_id="r1", token=7, mode="exclusive", expires_at_ms=30_000)
     record = LockGranted(request_id="r1", agent_id="alpha", resource="ticket:cust_8492", token=7, mode="exclusive",
-                         expires_at_ms=30_000, holders=[holder], resource_version=3, decided_at_ms=1,
+                         expires_at_ms=30_000, holders=[holder], resource_version=3, at_ms=1,
                          cause=Cause(topic="arbiter.resource.commands", partition=0, offset=41))
     data = codec.encode(record)
     cases: list[tuple[str, Callable[[], object]]] = [

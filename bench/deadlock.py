@@ -25,7 +25,7 @@ CAUSE = Cause(topic="bench", partition=0, offset=0)
 
 def _edge(waiter: str, holder: str, n: int) -> WaitEdgeAdded:
     return WaitEdgeAdded(edge_id=f"e{n}", waiter=waiter, holder=holder, source="delegation", resource=None,
-                         waiter_priority=0, waiter_registered_at_ms=n, added_at_ms=0)
+                         waiter_priority=0, waiter_registered_at_ms=n, at_ms=0)
 
 
 def large_graph(agents: int = 10_000, fanout: int = 2) -> None:
@@ -102,10 +102,10 @@ async def detection_latency(rate: float, samples: int, agents: int = 400, standi
                     break
             load.n += 1
             return WaitEdgeAdded(edge_id=f"{run}|b{load.n}", waiter=names[i], holder=names[j], source="delegation",
-                                 resource=None, waiter_priority=1, waiter_registered_at_ms=i, added_at_ms=0)
+                                 resource=None, waiter_priority=1, waiter_registered_at_ms=i, at_ms=0)
         edge = mirror.edges[rng.choice(list(mirror.edges))]
         return WaitEdgeRemoved(edge_id=edge.edge_id, waiter=edge.waiter, holder=edge.holder, source=edge.source,
-                               removed_at_ms=0)
+                               at_ms=0)
 
     def probe(edge_id: str) -> WaitEdgeAdded:
         start = node = rng.choice(sorted(mirror.out))
@@ -115,7 +115,7 @@ async def detection_latency(rate: float, samples: int, agents: int = 400, standi
                 break
             node = mirror.edges[rng.choice(sorted(waits))].holder
         return WaitEdgeAdded(edge_id=edge_id, waiter=node, holder=start, source="delegation",
-                             resource=None, waiter_priority=0, waiter_registered_at_ms=agents, added_at_ms=0)
+                             resource=None, waiter_priority=0, waiter_registered_at_ms=agents, at_ms=0)
 
     def fold(event: WaitEdgeAdded | WaitEdgeRemoved, is_probe: bool) -> None:
         """What the worker will do with ``event``, done to the mirror; count whether it changes the graph."""

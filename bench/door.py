@@ -409,12 +409,12 @@ class WsAgent:
         started = time.perf_counter()
         granted = await self.call({"type": "LockRequested", "agent_id": self.name, "resource": self.resource,
                                    "mode": "exclusive", "ttl_ms": 30_000, "wait_ms": 10_000,
-                                   "sent_at_ms": now_ms()})
+                                   "at_ms": now_ms()})
         latency = (time.perf_counter() - started) * 1000
         if granted["type"] != "LockGranted":
             raise Failed(f"{granted['type']}: {granted.get('reason')}")
         released = await self.call({"type": "LockReleaseRequested", "agent_id": self.name,
-                                    "resource": self.resource, "token": granted["token"], "sent_at_ms": now_ms()})
+                                    "resource": self.resource, "token": granted["token"], "at_ms": now_ms()})
         if released["type"] != "LockReleased":
             raise Failed(f"release: {released['type']}: {released.get('reason')}")
         return latency

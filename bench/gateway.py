@@ -21,11 +21,11 @@ def pure_check(seconds: float) -> None:
     cause = Cause(topic="bench", partition=0, offset=0)
     book = new_book("account:1")
     step(book, LockRequested(request_id="r", agent_id="a", resource="account:1", mode="exclusive",
-                             ttl_ms=3_600_000, sent_at_ms=0), 0, cause)
+                             ttl_ms=3_600_000, at_ms=0), 0, cause)
     content = ContentState("account:1")
     rules = GatewayRules(policies=(("account:", "both"),))
     intent = ToolIntent(intent_id="i", agent_id="a", resource="account:1", token=1, base_version=0, tool="refund",
-                        arguments_json='{"order_id": "o-1", "amount": 100}', sent_at_ms=0)
+                        arguments_json='{"order_id": "o-1", "amount": 100}', at_ms=0)
     tools = frozenset({"refund"})
     assert isinstance(check(book, content, intent, 1, cause, rules, tools), Accepted)
     count, start = 0, time.perf_counter()
@@ -63,7 +63,7 @@ async def check_throughput(total: int, **overrides: Any) -> float:
         sent = now_ms()  # (within the id window: an old send time is refused request_expired)
         payloads = [(f"account:{run}-{i % 1000}".encode(), codec.encode(ToolIntent(
             intent_id=f"{run}-{i}", agent_id="zombie", resource=f"account:{run}-{i % 1000}", token=1,
-            base_version=0, tool="refund", arguments_json='{"order_id": "o", "amount": 1}', sent_at_ms=sent)))
+            base_version=0, tool="refund", arguments_json='{"order_id": "o", "amount": 1}', at_ms=sent)))
             for i in range(total)]
         _produced, elapsed = await burst(settings, payloads, ToolRejected)
         print(f"gateway checks, one worker, burst of {total} intents: {total / elapsed:>8,.0f} checks/s")

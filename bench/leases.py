@@ -69,9 +69,9 @@ def core(seconds: float) -> None:
     # Each resource sees acquire, release, acquire, ...: its k-th grant has token k. A command
     # is sent at the moment it is decided (the id window refuses ones sent long before).
     acquires = [LockRequested(request_id=f"a{i}", agent_id=f"agent{i % 50}", resource=names[i], mode="exclusive",
-                              ttl_ms=30_000, wait_ms=5_000, sent_at_ms=i) for i in range(n)]
+                              ttl_ms=30_000, wait_ms=5_000, at_ms=i) for i in range(n)]
     releases = [LockReleaseRequested(request_id=f"r{i}", agent_id=acquires[i].agent_id, resource=names[i],
-                                     token=i // 1000 + 1, sent_at_ms=i) for i in range(n)]
+                                     token=i // 1000 + 1, at_ms=i) for i in range(n)]
 
     def run_uncontended() -> int:
         books = {name: new_book(name) for name in set(names)}
@@ -103,14 +103,14 @@ def _handoffs(waiters: int, rounds: int) -> tuple[list[LockRequested], list[tupl
     the head) and a new agent queues at the tail, so the queue keeps its length."""
     def acquire(i: int, at: int) -> LockRequested:
         return LockRequested(request_id=f"q{i}", agent_id=f"w{i}", resource="hot", mode="exclusive",
-                             ttl_ms=600_000, wait_ms=600_000, sent_at_ms=at)
+                             ttl_ms=600_000, wait_ms=600_000, at_ms=at)
 
     # Each command sent (and decided) 1 ms after the one before: over ``max_remembered_ids`` the id
     # memory forgets the oldest, and refuses anything sent at or before the last one forgotten.
     setup = [acquire(i, i) for i in range(waiters + 1)]
     base = waiters + 1
     work = [(LockReleaseRequested(request_id=f"x{r}", agent_id=f"w{r}", resource="hot", token=r + 1,
-                                  sent_at_ms=base + 2 * r), acquire(waiters + 1 + r, base + 2 * r + 1))
+                                  at_ms=base + 2 * r), acquire(waiters + 1 + r, base + 2 * r + 1))
             for r in range(rounds)]
     return setup, work
 
@@ -123,11 +123,11 @@ def through_step(waiters: int, rounds: int = 2_000) -> Callable[[], float]:
     def run() -> float:
         book = new_book("hot")
         for cmd in setup:
-            step(book, cmd, cmd.sent_at_ms, cause)
+            step(book, cmd, cmd.at_ms, cause)
         started = time.perf_counter()
         for release, queue_up in work:
-            step(book, release, release.sent_at_ms, cause)
-            step(book, queue_up, queue_up.sent_at_ms, cause)
+            step(book, release, release.at_ms, cause)
+            step(book, queue_up, queue_up.at_ms, cause)
         elapsed = time.perf_counter() - started
         assert book.last_token == rounds + 1 and len(book.queue) == waiters
         return 2 * rounds / elapsed
@@ -152,7 +152,7 @@ def through_pipeline(waiters: int, rounds: int = 1_000) -> Callable[[], float]:
     offsets = iter(range(10**9))
 
     def raw(command: Any) -> RawInput:
-        return RawInput(topic, partition, next(offsets), b"hot", None, (), command.sent_at_ms, command)
+        return RawInput(topic, partition, next(offsets), b"hot", None, (), command.at_ms, command)
 
     inputs = [raw(c) for c in setup], [(raw(a), raw(b)) for a, b in work]
 
@@ -229,15 +229,15 @@ def after_history(hand_offs: int, fused: bool, sample: int = 100) -> float:
     apply: Callable[[Any, LockCommand, int, Cause], object] = step if fused else _decide_then_evolve
     book = new_book("hot")
     for command in setup:
-        apply(book, command, command.sent_at_ms, cause)
+        apply(book, command, command.at_ms, cause)
     for release, queue_up in work[:hand_offs]:
-        apply(book, release, release.sent_at_ms, cause)
-        apply(book, queue_up, queue_up.sent_at_ms, cause)
+        apply(book, release, release.at_ms, cause)
+        apply(book, queue_up, queue_up.at_ms, cause)
     samples = []
     for pair in work[hand_offs:]:
         for command in pair:
             started = time.perf_counter()
-            apply(book, command, command.sent_at_ms, cause)
+            apply(book, command, command.at_ms, cause)
             samples.append(time.perf_counter() - started)
     assert book.last_token == hand_offs + sample // 2 + 1 and len(book.queue) == 1
     return statistics.median(samples) * 1e6
@@ -309,7 +309,7 @@ async def grant_throughput(total: int, workers: int = 1, **overrides: Any) -> fl
         sent = now_ms()  # (within the id window: an old send time is refused request_expired)
         payloads = [(f"burst:{run}:{i}".encode(), codec.encode(LockRequested(
             request_id=f"{run}-{i}", agent_id=f"agent-{i % 100}", resource=f"burst:{run}:{i}", mode="exclusive",
-            ttl_ms=60_000, sent_at_ms=sent))) for i in range(total)]
+            ttl_ms=60_000, at_ms=sent))) for i in range(total)]
         pids = [w.proc.pid for w in pool.workers]
         cpu = cpu_seconds(pids)
         produced, elapsed = await burst(settings, payloads, LockGranted)

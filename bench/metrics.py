@@ -17,9 +17,9 @@ def main(count: int = 100_000, reps: int = 3) -> None:
     cause = Cause(topic="t", partition=0, offset=1)
     grant = LockGranted(request_id="r1", agent_id="a", resource="doc:1", token=1, mode="exclusive",
                         expires_at_ms=31_000, holders=[], resource_version=1, request_sent_at_ms=900,
-                        decided_at_ms=1_000, cause=cause)
+                        at_ms=1_000, cause=cause)
     release = LockReleased(request_id="r2", agent_id="a", resource="doc:1", token=1, request_sent_at_ms=1_500,
-                           decided_at_ms=1_600, cause=cause)
+                           at_ms=1_600, cause=cause)
     for _ in range(reps):
         started = time.perf_counter()
         for _i in range(count):

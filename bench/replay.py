@@ -59,16 +59,16 @@ def workload(settings: Settings, rounds: int, resources: int = 2_000, spacing_ms
 
     def acquire(at: int, agent: str, resource: str, n: str, ttl_ms: int = 30_000, wait_ms: int = 0) -> None:
         send(at, resource, LockRequested(request_id=f"q{n}{agent}", agent_id=agent, resource=resource,
-                                         mode="exclusive", ttl_ms=ttl_ms, wait_ms=wait_ms, sent_at_ms=at))
+                                         mode="exclusive", ttl_ms=ttl_ms, wait_ms=wait_ms, at_ms=at))
 
     def refund(at: int, agent: str, resource: str, n: str, token: int, base: int) -> None:
         send(at, resource, ToolIntent(intent_id=f"i{n}{agent}{base}", agent_id=agent, resource=resource, token=token,
-                                      base_version=base, tool="refund", sent_at_ms=at,
+                                      base_version=base, tool="refund", at_ms=at,
                                       arguments_json=json.dumps({"amount": 100, "order_id": f"o{n}"})))
 
     def release(at: int, agent: str, resource: str, n: str, token: int) -> None:
         send(at, resource, LockReleaseRequested(request_id=f"r{n}{agent}", agent_id=agent, resource=resource,
-                                                token=token, sent_at_ms=at))
+                                                token=token, at_ms=at))
 
     for j in range(rounds):
         i = j % resources
@@ -91,8 +91,8 @@ def workload(settings: Settings, rounds: int, resources: int = 2_000, spacing_ms
     end = max(e.timestamp_ms for e in out) + 2 * TICK_MS
     for at in range(T0, end, TICK_MS):
         for p in range(settings.partitions):
-            out.append(Entry(topic, p, -1, at, b"__tick__", LockTick(tick_id=f"t{at}:{p}", partition=p,
-                                                                       sent_at_ms=at)))
+            out.append(Entry(topic, p, -1, at, b"__tick__", LockTick(request_id=f"t{at}:{p}", partition=p,
+                                                                       at_ms=at)))
     out.sort(key=lambda e: e.timestamp_ms)
     return out
 

@@ -37,7 +37,7 @@ def crypto(seconds: float) -> None:
 
     # What the SDK sends for ``client.acquire("ticket:cust_8492", ttl=30, wait=0)``.
     record = LockRequested(request_id=uuid.uuid4().hex, agent_id=agent.name, resource="ticket:cust_8492",
-                           mode="exclusive", ttl_ms=30_000, wait_ms=0, sent_at_ms=at)
+                           mode="exclusive", ttl_ms=30_000, wait_ms=0, at_ms=at)
     key, value = record.resource.encode(), codec.encode(record)
     headers = agent.sign(topic, key, value, at)
     appended = at + 1

@@ -344,7 +344,7 @@ def check_leases_and_writes(log: Log, settings: Settings, findings: Findings) ->
                 continue  # a redelivered copy of the same decision
             seen_grants.add(ident)
             stats["grants"] += 1
-            r, now = event.resource, event.decided_at_ms
+            r, now = event.resource, event.at_ms
             top = high.get(r)
             if top is not None and event.token <= top[0]:
                 findings.add("monotonic_tokens", f"token {event.token} granted to {event.agent_id} after token "
@@ -388,7 +388,7 @@ def check_leases_and_writes(log: Log, settings: Settings, findings: Findings) ->
 def _check_write(log: Log, entry: Entry, event: ToolApplied, leases: dict[str, dict[int, _LeaseView]],
                  high: dict[str, tuple[int, Entry]], version: dict[str, tuple[int, str]],
                  applied: dict[tuple[str, str], ToolApplied], findings: Findings) -> None:
-    r, now = event.resource, event.decided_at_ms
+    r, now = event.resource, event.at_ms
     if (r, event.intent_id) in applied:
         findings.add("one_outcome", f"intent {event.intent_id} applied twice", [entry], resource=r, at_ms=now)
     applied[r, event.intent_id] = event
@@ -473,12 +473,12 @@ def refused_for_its_send_time(log: Log, event: LockDenied | ToolRejected, clock_
             return False
     elif not (isinstance(command, ToolIntent) and command.intent_id == event.intent_id):
         return False
-    if (command.resource, command.agent_id, command.sent_at_ms) != (event.resource, event.agent_id,
+    if (command.resource, command.agent_id, command.at_ms) != (event.resource, event.agent_id,
                                                                     event.request_sent_at_ms):
         return False
-    sent: int = command.sent_at_ms
+    sent: int = command.at_ms
     if event.reason == Reason.CLOCK_SKEW:
-        return sent > event.decided_at_ms + clock_skew_ms
+        return sent > event.at_ms + clock_skew_ms
     detail = event.detail if isinstance(event, LockDenied) else event.diagnostic_json
     try:
         floor = json.loads(detail).get("refused_at_or_before_ms")
@@ -632,7 +632,7 @@ def check_merges(log: Log, settings: Settings, findings: Findings) -> dict[str, 
             stats["merges_checked"] += 1
             continue
         findings.add("checked_merges", f"merge {e.intent_id} of {e.agent_id} landed {problem}",
-                     [entry] + ([found[0]] if found is not None else []), resource=e.resource, at_ms=e.decided_at_ms)
+                     [entry] + ([found[0]] if found is not None else []), resource=e.resource, at_ms=e.at_ms)
     return stats
 
 
@@ -802,7 +802,7 @@ def check_authenticated(log: Log, settings: Settings, anchors: list[bytes],
     """Every message signed by an identity allowed to write it; and the operators' overrides.
 
     Only for a log the audit checks signatures of (``replay.verifies``). Signatures are
-    checked against the whole registry (a key's end still counts from its ``ended_at_ms``)
+    checked against the whole registry (a key's end still counts from its ``valid_until_ms``)
     rooted in ``anchors``, the admin public keys this auditor trusts. Decisions (a worker's
     announcement too) must be a worker's; a command that is unsigned, forged or forbidden to its
     signer is fine only if the workers refused it (a dead letter with reason unauthenticated or

@@ -66,32 +66,32 @@ def timeline(log: Log, settings: Settings, forged: Collection[str] = frozenset()
             continue  # redelivered copies draw once
         seen.add(ident)
         if isinstance(e, LockQueued):
-            wait = {"agent": e.agent_id, "start_ms": e.decided_at_ms, "end_ms": end, "end": "open"}
+            wait = {"agent": e.agent_id, "start_ms": e.at_ms, "end_ms": end, "end": "open"}
             lane(e.resource)["waits"].append(wait)
             open_waits[e.resource, e.request_id] = wait
         elif isinstance(e, LockGranted):
-            lease = {"agent": e.agent_id, "token": e.token, "mode": e.mode, "start_ms": e.decided_at_ms,
-                     "end_ms": max(end, e.decided_at_ms), "end": "open", "where": entry.where}
+            lease = {"agent": e.agent_id, "token": e.token, "mode": e.mode, "start_ms": e.at_ms,
+                     "end_ms": max(end, e.at_ms), "end": "open", "where": entry.where}
             lane(e.resource)["leases"].append(lease)
             open_leases[e.resource, e.token] = lease
-            _close(open_waits.pop((e.resource, e.request_id), None), e.decided_at_ms, "granted")
+            _close(open_waits.pop((e.resource, e.request_id), None), e.at_ms, "granted")
         elif isinstance(e, LockRenewed):
             continue
         elif isinstance(e, LockReleased | LockExpired | LockRevoked):
             how = {LockReleased: "released", LockExpired: "expired", LockRevoked: "revoked"}[type(e)]
-            moment = e.expired_at_ms if isinstance(e, LockExpired) else e.decided_at_ms
+            moment = e.expires_at_ms if isinstance(e, LockExpired) else e.at_ms
             _close(open_leases.pop((e.resource, e.token), None), moment, how)
         elif isinstance(e, LockCancelled | LockWaitTimedOut):
             how = "cancelled" if isinstance(e, LockCancelled) else "timed_out"
-            _close(open_waits.pop((e.resource, e.request_id), None), e.decided_at_ms, how)
+            _close(open_waits.pop((e.resource, e.request_id), None), e.at_ms, how)
         elif isinstance(e, ToolApplied):
-            lane(e.resource)["writes"].append({"agent": e.agent_id, "at_ms": e.decided_at_ms, "version": e.version,
+            lane(e.resource)["writes"].append({"agent": e.agent_id, "at_ms": e.at_ms, "version": e.version,
                                                "tool": e.tool, "where": entry.where})
         elif isinstance(e, ToolRejected):
             token = _intent_token(log, e)
-            lane(e.resource)["rejections"].append({"agent": e.agent_id, "at_ms": e.decided_at_ms,
+            lane(e.resource)["rejections"].append({"agent": e.agent_id, "at_ms": e.at_ms,
                                                    "reason": e.reason, "token": token, "where": entry.where})
-    deadlocks = [{"at_ms": e.record.decided_at_ms, "victim": e.record.victim, "cycle": list(e.record.cycle),
+    deadlocks = [{"at_ms": e.record.at_ms, "victim": e.record.victim, "cycle": list(e.record.cycle),
                   "where": e.where}
                  for e in log.of(settings.topics.wait_edges)
                  if isinstance(e.record, DeadlockDetected) and e.where not in forged]

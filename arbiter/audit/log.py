@@ -31,6 +31,7 @@ from arbiter.edge.settings import Settings, Topics
 from arbiter.edge.tail import Start, Tail
 from arbiter.schemas import MODELS, Cause, ContractError, Record, WorkerStarted, default_codec
 from arbiter.schemas.codec import Codec
+from arbiter.schemas.jsonwire import current_names
 
 ARCHIVE_FORMAT = "arbiter-log/1"
 _BY_NAME: dict[str, type[Record]] = {cls.__name__: cls for cls in MODELS}
@@ -286,7 +287,11 @@ def from_line(line: str) -> Entry:
     value = row.get("value")
     if value is not None and not isinstance(value, bytes):
         raise ValueError("value: expected {\"$bytes\": base64}")
-    return Entry(*where, key, cls.model_validate(row["record"]), None, headers, value)
+    record = row["record"]
+    if not isinstance(record, dict):
+        raise ValueError("record: expected a JSON object")
+    # An archive written before a field was renamed reads under the current names.
+    return Entry(*where, key, cls.model_validate(current_names(cls, record)), None, headers, value)
 
 
 def _headers_in(items: Any) -> tuple[tuple[str, bytes], ...]:

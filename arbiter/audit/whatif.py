@@ -38,12 +38,12 @@ def measure(records: Iterable[Record | None]) -> dict[str, Any]:
             continue
         seen.add(ident)
         if isinstance(record, LockQueued):
-            queued_at[record.resource, record.request_id] = record.decided_at_ms
+            queued_at[record.resource, record.request_id] = record.at_ms
         elif isinstance(record, LockGranted):
             figures["grants"] += 1
             since = queued_at.pop((record.resource, record.request_id), None)
             if since is not None:
-                figures["longest_wait_ms"] = max(figures["longest_wait_ms"], record.decided_at_ms - since)
+                figures["longest_wait_ms"] = max(figures["longest_wait_ms"], record.at_ms - since)
         elif isinstance(record, LockExpired):
             figures["expiries"] += 1
         elif isinstance(record, LockWaitTimedOut):

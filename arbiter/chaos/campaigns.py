@@ -567,7 +567,7 @@ class Malformed(Campaign):
 
         def request(agent: str, resource: str, ttl_ms: int = 5000) -> LockRequested:
             return LockRequested(request_id=uuid.uuid4().hex, agent_id=agent, resource=resource, mode="exclusive",
-                                 ttl_ms=ttl_ms, wait_ms=0, sent_at_ms=now_ms())
+                                 ttl_ms=ttl_ms, wait_ms=0, at_ms=now_ms())
 
         def signed(signer: Signer, topic: str, key: bytes | None, value: bytes) -> list[tuple[str, bytes]]:
             return signer.sign(topic, key, value, now_ms())
@@ -587,7 +587,7 @@ class Malformed(Campaign):
             whole[:rng.randint(1, len(whole) - 1)], intruder)
         granted = LockGranted(request_id=uuid.uuid4().hex, agent_id="intruder", resource=own, token=1_000_000,
                               mode="exclusive", expires_at_ms=now_ms() + 3_600_000, holders=[],
-                              resource_version=0, decided_at_ms=now_ms(), cause=Cause(topic="x", partition=0, offset=0))
+                              resource_version=0, at_ms=now_ms(), cause=Cause(topic="x", partition=0, offset=0))
         add("wrong schema: a decision (LockGranted) on the command topic", t.resource_commands, own.encode(),
             codec.encode(granted), intruder)
         step = SagaStep(saga_id="saga:intruder/x", step=1, agent_id="intruder", status="applied",
@@ -601,7 +601,7 @@ class Malformed(Campaign):
             codec.encode(request(victim, theirs)), None)
         intent = ToolIntent(intent_id=uuid.uuid4().hex, agent_id=victim, resource=theirs, token=1, base_version=0,
                             tool="refund", arguments_json=json.dumps({"order_id": "forged", "amount": 1}),
-                            sent_at_ms=now_ms())
+                            at_ms=now_ms())
         add(f"unsigned write naming {victim}", t.resource_commands, theirs.encode(), codec.encode(intent), None)
         add(f"forged signature: a key nobody registered, as {victim}", t.resource_commands, theirs.encode(),
             codec.encode(request(victim, theirs)), Signer.generate(victim))

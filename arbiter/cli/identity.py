@@ -82,7 +82,7 @@ def agents_add(ctx: click.Context, name: str, tenant: str, allow: str, role: str
 
 
 def _say_issued(entry: IdentityRegistered) -> None:
-    expiry = "no expiry" if entry.ended_at_ms is None else f"expires at {_when(entry.ended_at_ms)}"
+    expiry = "no expiry" if entry.valid_until_ms is None else f"expires at {_when(entry.valid_until_ms)}"
     say(f"issued the front-door credential {entry.credential!r} of {entry.name!r} (key {entry.key_id[:16]}, "
         f"{expiry}, allow={','.join(entry.allow) or '*'}); the API key above is shown once: send it as "
         f"'Authorization: Bearer <key>' to the front door (or ARBITER_API_KEY for the SDK). Revoke it alone with "
@@ -134,7 +134,8 @@ def agents_list(ctx: click.Context, as_json: bool) -> None:
     entries = _run(Registrar(settings).entries())
     for e in entries:
         row = {"name": e.name, "role": e.role, "status": e.status, "key_id": e.key_id[:16], "tenant": e.tenant,
-               "allow": e.allow, "valid_from_ms": e.valid_from_ms, "ended_at_ms": e.ended_at_ms, "reason": e.reason,
+               "allow": e.allow, "valid_from_ms": e.valid_from_ms, "valid_until_ms": e.valid_until_ms,
+               "reason": e.reason,
                "credential": e.credential}
         if as_json:
             click.echo(json.dumps(row, sort_keys=True))
@@ -142,7 +143,7 @@ def agents_list(ctx: click.Context, as_json: bool) -> None:
             allow = ",".join(e.allow) or "*"
             click.echo(f"{e.name:<24} {e.role:<7} {e.status:<8} {e.key_id[:16]}  allow={allow}"
                        + (f"  credential={e.credential}" if e.credential else "")
-                       + (f"  ends={_when(e.ended_at_ms)}" if e.ended_at_ms is not None else "")
+                       + (f"  ends={_when(e.valid_until_ms)}" if e.valid_until_ms is not None else "")
                        + (f"  tenant={e.tenant}" if e.tenant else "") + (f"  ({e.reason})" if e.reason else ""))
     if not entries and not as_json:
         say("no identities registered yet; add one with 'arbiter agents add NAME'")

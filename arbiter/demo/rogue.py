@@ -271,18 +271,18 @@ class Mallory:
         agent, resource, token = lease
         key = resource.encode()
         release = LockReleaseRequested(request_id=_id("rogue-release"), agent_id=agent, resource=resource,
-                                       token=token, sent_at_ms=now_ms())
+                                       token=token, at_ms=now_ms())
         await self._refused_by_workers(
             Attempt(f"release {agent}'s lease as {agent}, unsigned", UNAUTHENTICATED),
             await self._send(t.resource_commands, key, release, None), (agent, release.request_id))
         renew = LockRenewRequested(request_id=_id("rogue-renew"), agent_id=agent, resource=resource, token=token,
-                                   ttl_ms=1, sent_at_ms=now_ms())
+                                   ttl_ms=1, at_ms=now_ms())
         await self._refused_by_workers(
             Attempt(f"renew {agent}'s lease to 1 ms as {agent}, with her own key", FORBIDDEN),
             await self._send(t.resource_commands, key, renew, mine), (agent, renew.request_id))
         intent = ToolIntent(intent_id=_id("rogue-write"), agent_id=agent, resource=resource, token=token,
                             tool="refund", arguments_json=json.dumps({"order_id": "order-mallory", "amount": 99_000}),
-                            sent_at_ms=now_ms())
+                            at_ms=now_ms())
         await self._refused_by_workers(
             Attempt(f"write as {agent} through the gateway, with an unregistered key", UNAUTHENTICATED),
             await self._send(t.resource_commands, key, intent, Signer.generate(agent)), (agent, intent.intent_id))
@@ -299,7 +299,7 @@ class Mallory:
                             mode="exclusive", expires_at_ms=now + 60_000,
                             holders=[Holder(agent_id=agent, request_id="forged", token=token + 1000,
                                             mode="exclusive", expires_at_ms=now + 60_000)],
-                            resource_version=0, request_sent_at_ms=now, decided_at_ms=now, cause=cause)
+                            resource_version=0, request_sent_at_ms=now, at_ms=now, cause=cause)
         before = victim.forged_messages
         where = await self._send(t.agent_inbox, agent.encode(), grant, mine,
                                  partition=partition_for(agent.encode(), self.settings.partitions))
@@ -311,7 +311,7 @@ class Mallory:
         cycle = [self.ring_victim, ROGUE, self.ring_victim]
         notice = DeadlockDetected(detection_id=_id("rogue-deadlock"), victim=self.ring_victim, cycle=cycle,
                                   cycle_json=json.dumps(cycle), message="you are the victim: abort your saga",
-                                  saga_id=self.sagas().get(self.ring_victim), decided_at_ms=now_ms(),
+                                  saga_id=self.sagas().get(self.ring_victim), at_ms=now_ms(),
                                   cause=Cause(topic=t.wait_edges, partition=0, offset=0))
         before = ring.forged_messages
         where = await self._send(t.agent_inbox, self.ring_victim.encode(), notice,
@@ -330,16 +330,16 @@ class Mallory:
         agent, resource, token = lease
         key = resource.encode()
         edge = WaitEdgeAdded(edge_id=_id(f"lock|{ROGUE}|{agent}"), waiter=ROGUE, holder=agent, source="lock",
-                             resource=resource, waiter_registered_at_ms=now_ms(), added_at_ms=now_ms())
+                             resource=resource, waiter_registered_at_ms=now_ms(), at_ms=now_ms())
         await self._refused_by_workers(
             Attempt("forged wait-for edge of the lease book (source lock)", FORBIDDEN),
             await self._send(t.wait_edges, self.settings.graph_key.encode(), edge, mine))
         revoke = LockRevokeRequested(request_id=_id("rogue-revoke"), resource=resource, agent_id=agent, token=token,
-                                     reason="mallory says so", requested_by="admin", sent_at_ms=now_ms())
+                                     reason="mallory says so", requested_by="admin", at_ms=now_ms())
         await self._refused_by_workers(
             Attempt(f"forged LockRevokeRequested of {agent}'s lease, as the operator", FORBIDDEN),
             await self._send(t.resource_commands, key, revoke, mine))
-        tick = LockTick(tick_id=_id("rogue-tick"), partition=0, sent_at_ms=now_ms() + 3_600_000)
+        tick = LockTick(request_id=_id("rogue-tick"), partition=0, at_ms=now_ms() + 3_600_000)
         await self._refused_by_workers(
             Attempt("forged LockTick (the workers' clock), an hour ahead", FORBIDDEN),
             await self._send(t.resource_commands, TICK_KEY, tick, mine, partition=0))
@@ -362,7 +362,7 @@ class Mallory:
         mine_resource = f"account:{ROGUE}"
         squat = ToolIntent(intent_id=f"saga:{ROGUE}/squat:{uuid.uuid4().hex[:8]}#0", agent_id=ROGUE,
                            resource=mine_resource, tool="refund",
-                           arguments_json=json.dumps({"order_id": "order-mallory", "amount": 1}), sent_at_ms=now_ms())
+                           arguments_json=json.dumps({"order_id": "order-mallory", "amount": 1}), at_ms=now_ms())
         await self._refused_by_workers(
             Attempt("an intent id in the saga: namespace, on her own account", FORBIDDEN),
             await self._send(t.resource_commands, mine_resource.encode(), squat, mine), (ROGUE, squat.intent_id))

@@ -239,7 +239,7 @@ class UnsafeWorkspace:
 
         resource = handle if isinstance(handle, str) else handle.resource
         intent = ToolIntent(intent_id=uuid.uuid4().hex, agent_id=self.agent_id, resource=resource, token=None,
-                            tool=tool, arguments_json=json.dumps(args, sort_keys=True), sent_at_ms=0)
+                            tool=tool, arguments_json=json.dumps(args, sort_keys=True), at_ms=0)
         parsed = self.registry.parse(intent)
         if isinstance(parsed, str):
             return Outcome(intent.intent_id, resource, tool, False, reason="invalid_arguments")

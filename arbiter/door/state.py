@@ -262,7 +262,7 @@ class Door:
             raise unauthenticated(f"this API key carries {entry.name!r}'s own signing key, which must never travel: "
                                    f"issue a front-door credential with 'arbiter agents api-key {entry.name}' and "
                                    f"rotate the key ('arbiter agents rotate {entry.name}'), as it has left its holder")
-        if entry.ended_at_ms is not None and now_ms() >= entry.ended_at_ms:
+        if entry.valid_until_ms is not None and now_ms() >= entry.valid_until_ms:
             how = "expired" if entry.status == ACTIVE else f"was {entry.status}"
             raise unauthenticated(f"the credential {entry.credential!r} of {entry.name!r} {how}")
         if entry.role != ROLE_AGENT:

@@ -269,7 +269,7 @@ def faust_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterApp
         # The rules this worker decides by go into the log, so audit and replay use them.
         await send(topics.workers, me.encode(), WorkerStarted(
             worker_id=me, rules_json=rules.to_json(), processing_guarantee=settings.processing_guarantee,
-            partitions=settings.partitions, started_at_ms=now_ms()))
+            partitions=settings.partitions, at_ms=now_ms()))
 
     stall = {"remaining": -1, "since": time.monotonic()}
 
@@ -311,7 +311,7 @@ def faust_app(settings: Settings, tools: ToolRunner | None = None) -> ArbiterApp
             await producer.start()
             tick_producer.append(producer)
         for partition in owned:
-            tick = LockTick(tick_id=f"{me}:{partition}:{next(tick_ids)}", partition=partition, sent_at_ms=now_ms())
+            tick = LockTick(request_id=f"{me}:{partition}:{next(tick_ids)}", partition=partition, at_ms=now_ms())
             value = codec.encode(tick)
             await tick_producer[0].send(topics.resource_commands, value, key=TICK_KEY, partition=partition,
                                         headers=signer.sign(topics.resource_commands, TICK_KEY, value, now_ms()))

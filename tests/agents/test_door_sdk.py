@@ -273,14 +273,14 @@ async def test_an_agent_cannot_act_as_another_through_the_door(kafka_settings: S
         hello = json.loads(await ws.recv())
         assert (hello["op"], hello["agent"]) == ("hello", "alice")
         forged = LockRequested(request_id=f"forged-{uuid.uuid4().hex}", agent_id="bob", resource=resource,
-                               mode="exclusive", ttl_ms=30_000, wait_ms=0, sent_at_ms=now_ms())
+                               mode="exclusive", ttl_ms=30_000, wait_ms=0, at_ms=now_ms())
         await ws.send(json.dumps({"op": "send", "id": 1, "key": resource, "record": to_json(forged)}))
         [refusal] = await frames_until(ws, lambda f: len(f) == 1)
         assert (refusal["op"], refusal["id"], refusal["status"]) == ("error", 1, 403), refusal
         assert refusal["reason"] == "forbidden" and "'bob'" in refusal["detail"], refusal
         # Alice's own command on the same resource and session, after it: sent, decided and answered.
         own = SnapshotRequested(request_id=f"own-{uuid.uuid4().hex}", agent_id="alice", resource=resource,
-                                sent_at_ms=now_ms())
+                                at_ms=now_ms())
         await ws.send(json.dumps({"op": "send", "id": 2, "key": resource, "record": to_json(own)}))
 
         def answered(frames: list[dict[str, Any]]) -> bool:

@@ -10,16 +10,16 @@ CAUSE = Cause(topic="c", partition=0, offset=0)
 
 def granted(token: int = 1) -> LockGranted:
     return LockGranted(request_id="r", agent_id="a", resource="x", token=token, mode="exclusive",
-                       expires_at_ms=10_000, holders=[], resource_version=0, decided_at_ms=0, cause=CAUSE)
+                       expires_at_ms=10_000, holders=[], resource_version=0, at_ms=0, cause=CAUSE)
 
 
 def queued() -> LockQueued:
     return LockQueued(request_id="r", agent_id="a", resource="x", mode="exclusive", ttl_ms=1000, position=2, priority=0,
-                      wait_deadline_ms=5000, blocking_agents=["b"], decided_at_ms=0, cause=CAUSE)
+                      wait_deadline_ms=5000, blocking_agents=["b"], at_ms=0, cause=CAUSE)
 
 
 def denied(reason: str = "busy") -> LockDenied:
-    return LockDenied(request_id="r", agent_id="a", resource="x", reason=reason, detail="{}", decided_at_ms=0,
+    return LockDenied(request_id="r", agent_id="a", resource="x", reason=reason, detail="{}", at_ms=0,
                       cause=CAUSE)
 
 
@@ -30,10 +30,10 @@ def test_queued_then_granted_then_lost_counts_the_ttl_from_a_round_trip_before_t
     assert p.feed(granted(), 130.0) is Do.ANSWER and p.state is State.GRANTED
     assert abs(p.ttl_from(130.0) - 129.8) < 1e-9
     assert p.feed(LockRevoked(request_id="r", agent_id="a", resource="x", token=1, reason="stuck",
-                              decided_at_ms=0, cause=CAUSE), 131.0) is Do.MARK_LOST
+                              at_ms=0, cause=CAUSE), 131.0) is Do.MARK_LOST
     assert p.state is State.LOST and p.lost_reason == "revoked: stuck"
-    assert p.feed(LockExpired(request_id="r", agent_id="a", resource="x", token=1, expired_at_ms=0,
-                              decided_at_ms=0, cause=CAUSE), 132.0) is Do.NOTHING
+    assert p.feed(LockExpired(request_id="r", agent_id="a", resource="x", token=1, expires_at_ms=0,
+                              at_ms=0, cause=CAUSE), 132.0) is Do.NOTHING
 
 
 def test_an_immediate_grant_counts_the_ttl_from_the_send() -> None:

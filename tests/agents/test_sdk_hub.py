@@ -38,8 +38,8 @@ def agent_on(partition: int, prefix: str, partitions: int = 2, skip: int = 0) ->
     return [name for name in names if partition_for(name.encode(), partitions) == partition][skip]
 
 
-def pong(ping_id: str, agent: str) -> Pong:
-    return Pong(ping_id=ping_id, agent_id=agent, worker_id="w1", decided_at_ms=2,
+def pong(request_id: str, agent: str) -> Pong:
+    return Pong(request_id=request_id, agent_id=agent, worker_id="w1", at_ms=2,
                 cause=Cause(topic="t", partition=0, offset=0))
 
 
@@ -51,7 +51,7 @@ class Inbox:
 
     def __call__(self, record: Record) -> None:
         assert isinstance(record, Pong)
-        self.ids.append(record.ping_id)
+        self.ids.append(record.request_id)
 
 
 class CountingCodec(Codec):
@@ -83,9 +83,9 @@ class Wire:
     async def __aexit__(self, *exc: object) -> None:
         await self.producer.stop()
 
-    async def to_inbox(self, agent: str, ping_id: str, signed: bool = True) -> None:
+    async def to_inbox(self, agent: str, request_id: str, signed: bool = True) -> None:
         inbox, key = self.settings.topics.agent_inbox, agent.encode()
-        value = self.codec.encode(pong(ping_id, agent))
+        value = self.codec.encode(pong(request_id, agent))
         headers = self.worker.sign(inbox, key, value, now_ms()) if signed and self.worker is not None else None
         await self.producer.send_and_wait(inbox, key=key, value=value, headers=headers)
 

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.kafka
 AGENT = "triage-7"
 
 
-def _pong(ping_id: str) -> Pong:
-    return Pong(ping_id=ping_id, agent_id=AGENT, worker_id="w1", decided_at_ms=2,
+def _pong(request_id: str) -> Pong:
+    return Pong(request_id=request_id, agent_id=AGENT, worker_id="w1", at_ms=2,
                 cause=Cause(topic="t", partition=0, offset=0))
 
 
@@ -75,7 +75,7 @@ async def test_the_inbox_reader_hands_on_only_this_agents_records_from_now_on(ka
     finally:
         await transport.close()
         await raw.stop()
-    assert [record.ping_id for record in inbox_seen.records if isinstance(record, Pong)] == ["first", "second"]
+    assert [record.request_id for record in inbox_seen.records if isinstance(record, Pong)] == ["first", "second"]
     assert len(inbox_seen.records) == 2
     assert transport.forged == 1
 

@@ -66,25 +66,25 @@ def _command(at: int, record: Record) -> Entry:
 
 def _acquire(request_id: str, at: int) -> Entry:
     return _command(at, LockRequested(request_id=request_id, agent_id="alice", resource=RESOURCE, mode="exclusive",
-                                      ttl_ms=600_000, wait_ms=0, sent_at_ms=at))
+                                      ttl_ms=600_000, wait_ms=0, at_ms=at))
 
 
 def _refund(intent_id: str, token: int, base: int, at: int) -> Entry:
     return _command(at, ToolIntent(intent_id=intent_id, agent_id="alice", resource=RESOURCE, token=token,
                                    base_version=base, tool="refund",
-                                   arguments_json=json.dumps({"amount": 100, "order_id": intent_id}), sent_at_ms=at))
+                                   arguments_json=json.dumps({"amount": 100, "order_id": intent_id}), at_ms=at))
 
 
 def _release(request_id: str, token: int, at: int) -> Entry:
     return _command(at, LockReleaseRequested(request_id=request_id, agent_id="alice", resource=RESOURCE, token=token,
-                                             sent_at_ms=at))
+                                             at_ms=at))
 
 
 def _announcement(at: int, signer: Signer | None, **rules: Any) -> Entry:
     """A worker's ``WorkerStarted``, with ``rules`` changed from the ones it decides by."""
     text = json.dumps({**json.loads(Rules.from_settings(SETTINGS).to_json()), **rules}, sort_keys=True)
     record = WorkerStarted(worker_id="worker-1", rules_json=text, processing_guarantee="at_least_once",
-                           partitions=SETTINGS.partitions, started_at_ms=at)
+                           partitions=SETTINGS.partitions, at_ms=at)
     return _signed(Entry(SETTINGS.topics.workers, 0, -1, at, b"worker-1", record), signer)
 
 
@@ -183,7 +183,7 @@ async def test_a_forged_decision_does_not_move_how_far_the_workers_got() -> None
     assert behind["verdict"] == "pass" and behind["violations"] == 0, _summary(behind)
     assert last.where in _where(behind, "open"), _summary(behind)
     denial = LockDenied(request_id="made-up", agent_id="mallory", resource=RESOURCE, reason="lease_not_live",
-                        detail="{}", decided_at_ms=T0 + 30, request_sent_at_ms=T0 + 30,
+                        detail="{}", at_ms=T0 + 30, request_sent_at_ms=T0 + 30,
                         cause=Cause(topic=last.topic, partition=last.partition, offset=last.offset + 50))
     forged = [_insert(log, _signed(Entry(SETTINGS.topics.resource_events, last.partition, -1, T0 + 30,
                                          RESOURCE.encode(), denial), signer)) for signer in (None, MALLORY)]

@@ -256,10 +256,10 @@ def test_a_forged_grant_during_a_live_lease_breaks_mutual_exclusion(recording: R
         real = _find(rows, "LockGranted", resource="account:a", agent_id="beta")
         released = _find(rows, "LockReleased", resource="account:a", agent_id="beta")
         top = max(r["record"]["token"] for r in _events(rows, "LockGranted") if r["record"]["resource"] == "account:a")
-        start, end = real["record"]["decided_at_ms"], released["record"]["decided_at_ms"]
+        start, end = real["record"]["at_ms"], released["record"]["at_ms"]
         assert end - start > 2
         record = {**real["record"], "agent_id": "mallory", "request_id": uuid.uuid4().hex, "token": top + 1,
-                  "decided_at_ms": start + 1}
+                  "at_ms": start + 1}
         record["holders"] = [{**record["holders"][0], "agent_id": "mallory", "request_id": record["request_id"],
                               "token": top + 1}]
         return _insert_after(rows, real, {**real, "ts": real["ts"] + 1, "record": record})
@@ -279,8 +279,8 @@ def test_a_lower_token_after_a_release_breaks_monotonic_tokens(recording: Record
         released = _find(rows, "LockReleased", resource="ticket:t1", agent_id="delta")
         token = earlier["record"]["token"] - 1
         record = {**earlier["record"], "agent_id": "mallory", "request_id": uuid.uuid4().hex, "token": token,
-                  "decided_at_ms": released["record"]["decided_at_ms"] + 1,
-                  "expires_at_ms": released["record"]["decided_at_ms"] + 30_000}
+                  "at_ms": released["record"]["at_ms"] + 1,
+                  "expires_at_ms": released["record"]["at_ms"] + 30_000}
         record["holders"] = [{**record["holders"][0], "agent_id": "mallory", "request_id": record["request_id"],
                               "token": token, "expires_at_ms": record["expires_at_ms"]}]
         return _insert_after(rows, released, {**released, "type": "LockGranted", "record": record})
@@ -304,7 +304,7 @@ def test_an_accepted_stale_write_breaks_fenced_writes(recording: Recording, tmp_
             "tool": old["tool"], "token": recording.zombie_token, "arguments_json": intent["record"]["arguments_json"],
             "version": intent["record"]["base_version"] + 1, "content_hash": "f" * 32,
             "result_json": json.dumps({"account": "a", "order_id": "zombie-1", "amount": 100}),
-            "decided_at_ms": old["decided_at_ms"], "cause": old["cause"],
+            "at_ms": old["at_ms"], "cause": old["cause"],
         }
         return rejected
 
@@ -318,7 +318,7 @@ def test_the_html_report_shows_where_the_violations_are(recording: Recording, tm
     def forge(rows: list[Row]) -> Row:
         real = _find(rows, "LockGranted", resource="account:a", agent_id="beta")
         record = {**real["record"], "agent_id": "mallory", "request_id": uuid.uuid4().hex,
-                  "token": real["record"]["token"] + 100, "decided_at_ms": real["record"]["decided_at_ms"] + 1}
+                  "token": real["record"]["token"] + 100, "at_ms": real["record"]["at_ms"] + 1}
         return _insert_after(rows, real, {**real, "record": record})
 
     path, position = _tampered(recording, tmp_path, forge)

@@ -101,7 +101,7 @@ def test_headers_and_exact_value_bytes_round_trip(where: tuple[str, int, int, in
                                                    headers: tuple[tuple[str, bytes], ...],
                                                    value: bytes | None) -> None:
     request = LockRequested(request_id="r1", agent_id="alpha", resource="account:a", mode="exclusive",
-                            ttl_ms=30_000, sent_at_ms=T0)
+                            ttl_ms=30_000, at_ms=T0)
     for entry in (Entry(*where, key, request, None, headers, value), Entry(*where, key, None, b"\x00raw", headers)):
         line = to_line(entry)
         back = from_line(line)
@@ -112,7 +112,7 @@ def test_headers_and_exact_value_bytes_round_trip(where: tuple[str, int, int, in
 def test_an_archive_line_without_headers_reads_as_before() -> None:
     """Archives written before messages were signed (the golden histories) have no headers."""
     request = LockRequested(request_id="r1", agent_id="alpha", resource="account:a", mode="exclusive",
-                            ttl_ms=30_000, sent_at_ms=T0)
+                            ttl_ms=30_000, at_ms=T0)
     old = json.dumps({"topic": TOPICS.resource_commands, "partition": 0, "offset": 0, "ts": T0,
                       "key": "account:a", "type": "LockRequested", "record": request.model_dump()})
     entry = from_line(old)
@@ -125,7 +125,7 @@ def test_value_bytes_are_the_encoded_record_unless_kept() -> None:
 
     codec = default_codec()
     request = LockRequested(request_id="r1", agent_id="alpha", resource="account:a", mode="exclusive",
-                            ttl_ms=30_000, sent_at_ms=T0)
+                            ttl_ms=30_000, at_ms=T0)
     assert Entry(TOPICS.resource_commands, 0, 0, T0, b"k", request).value_bytes(codec) == codec.encode(request)
     assert Entry(TOPICS.resource_commands, 0, 0, T0, b"k", request, None, (), b"kept").value_bytes(codec) == b"kept"
     assert Entry(TOPICS.resource_commands, 0, 0, T0, b"k", None, b"raw").value_bytes(codec) == b"raw"
@@ -149,9 +149,9 @@ def _sample_log() -> Log:
     log = Log(TOPICS, partition_count=2)
     cause = Cause(topic=TOPICS.resource_commands, partition=0, offset=0)
     request = LockRequested(request_id="r1", agent_id="alpha", resource="account:a", mode="exclusive", ttl_ms=30_000,
-                            sent_at_ms=T0)
+                            at_ms=T0)
     grant = LockGranted(request_id="r1", agent_id="alpha", resource="account:a", token=1, mode="exclusive",
-                        expires_at_ms=T0 + 30_000, holders=[], resource_version=0, decided_at_ms=T0 + 1, cause=cause)
+                        expires_at_ms=T0 + 30_000, holders=[], resource_version=0, at_ms=T0 + 1, cause=cause)
     log.add(Entry(TOPICS.resource_commands, 0, 0, T0, b"account:a", request))
     log.add(Entry(TOPICS.resource_commands, 0, 1, T0 + 5, b"\xff", None, b"\xff\x00"))
     log.add(Entry(TOPICS.resource_events, 1, 0, T0 + 1, b"account:a", grant))
@@ -196,7 +196,7 @@ def test_an_archive_is_read_in_offset_order_and_blank_lines_are_skipped() -> Non
     ([_header(), '{"topic": "t", "partition": "zero", "offset": 0, "ts": 0, "key": null, "raw": ""}'], 2, "zero"),
     ([_header(), '{"topic": "t", "partition": 0, "offset": 0, "ts": 0, "key": null, "raw": "***"}'], 2, ""),
     ([_header(), '{"topic": "t", "partition": 0, "offset": 0, "ts": 0, "key": null, "type": "Ping", '
-                 '"record": {"ping_id": 1}}'], 2, "Ping"),
+                 '"record": {"request_id": 1}}'], 2, "Ping"),
     ([_header(), '["topic", "t"]'], 2, "JSON object"),
     ([_header(), '"just a string"'], 2, "JSON object"),
 ])

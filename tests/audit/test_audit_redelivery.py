@@ -73,7 +73,7 @@ async def test_a_detection_logged_after_a_timeout_broke_the_cycle_is_no_violatio
     # The victim's wait times out (its edge leaves) before the detector's notice lands.
     removal = Entry(topic, partition, -1, entries[closing].timestamp_ms, entries[closing].key, WaitEdgeRemoved(
         edge_id=edge.edge_id, waiter=edge.waiter, holder=edge.holder, source=edge.source, resource=edge.resource,
-        removed_at_ms=entries[closing].timestamp_ms))
+        at_ms=entries[closing].timestamp_ms))
     order = [*entries[:closing + 1], removal, *[e for i, e in enumerate(entries) if i > closing]]
     renumber(log, topic, partition, order)
     assert not [f for f in await findings(log) if f["check"] == "cycles_resolved"]
@@ -86,7 +86,7 @@ async def test_a_forged_revocation_is_caught() -> None:
     partition, entries = target.partition, log.partitions[topic, target.partition]
     forged = LockRevokeRequested(request_id="forged|revoke", resource=target.record.resource,  # type: ignore[union-attr]
                                  agent_id="routing", token=None, reason="deadlock_victim",
-                                 requested_by="deadlock-detector", sent_at_ms=target.timestamp_ms)
+                                 requested_by="deadlock-detector", at_ms=target.timestamp_ms)
     entry = Entry(topic, partition, -1, target.timestamp_ms, target.key, forged)
     renumber(log, topic, partition, [*entries, entry])
     found = [f for f in await findings(log) if f["check"] == "determinism"]

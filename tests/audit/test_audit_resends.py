@@ -37,18 +37,18 @@ def _entry(at: int, record: Record) -> Entry:
 
 def _acquire(request_id: str, agent: str, sent: int) -> LockRequested:
     return LockRequested(request_id=request_id, agent_id=agent, resource=RESOURCE, mode="exclusive", ttl_ms=30_000,
-                         wait_ms=0, sent_at_ms=sent)
+                         wait_ms=0, at_ms=sent)
 
 
 def _release(request_id: str, agent: str, token: int, sent: int) -> LockReleaseRequested:
     return LockReleaseRequested(request_id=request_id, agent_id=agent, resource=RESOURCE, token=token,
-                                sent_at_ms=sent)
+                                at_ms=sent)
 
 
 def _refund(intent_id: str, agent: str, token: int, base: int, sent: int) -> ToolIntent:
     return ToolIntent(intent_id=intent_id, agent_id=agent, resource=RESOURCE, token=token, base_version=base,
                       tool="refund", arguments_json=json.dumps({"amount": 100, "order_id": intent_id}),
-                      sent_at_ms=sent)
+                      at_ms=sent)
 
 
 async def _decided(commands: list[Entry]) -> Log:
@@ -77,7 +77,7 @@ async def test_old_commands_sent_again_after_their_ids_were_forgotten_leave_the_
 
 async def test_a_command_refused_for_its_clock_and_sent_again_in_time_has_one_outcome() -> None:
     ahead = _acquire("acquire-1", "alpha", T0 + 10 * 60_000)  # ten minutes ahead of the broker
-    commands = [_entry(T0, ahead), _entry(T0 + 1, ahead.model_copy(update={"sent_at_ms": T0 + 1})),
+    commands = [_entry(T0, ahead), _entry(T0 + 1, ahead.model_copy(update={"at_ms": T0 + 1})),
                 _entry(T0 + 2, _release("release-1", "alpha", 1, T0 + 2))]
     log = await _decided(commands)
     answers = [e.record for e in log.of(SETTINGS.topics.resource_events)

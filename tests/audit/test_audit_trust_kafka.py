@@ -101,14 +101,14 @@ async def test_a_clean_signed_run_passes_with_its_signatures_counted(kafka_setti
     # Commands the worker must refuse: unsigned, and mallory's key acting as alice.
     mallory = await ensure_identity(settings, "mallory")
     command = LockRequested(request_id="forged-1", agent_id="alice", resource="doc:a", mode="exclusive",
-                            ttl_ms=30_000, sent_at_ms=now_ms())
+                            ttl_ms=30_000, at_ms=now_ms())
     unsigned = await _produce(settings, settings.topics.resource_commands, "doc:a", command, None)
     as_other = await _produce(settings, settings.topics.resource_commands, "doc:a",
                               command.model_copy(update={"request_id": "forged-2"}), mallory)
     # And one that looks like the deadlock detector's own command (which no replayed decision sends).
     detector = await _produce(settings, settings.topics.resource_commands, "doc:a", LockRevokeRequested(
         request_id="forged-3", resource="doc:a", agent_id="alice", reason="deadlock", requested_by="deadlock-detector",
-        sent_at_ms=now_ms()), None)
+        at_ms=now_ms()), None)
     log = await _settled_log(settings, letters=3)
     letters = {f"{e.record.source.topic}[{e.record.source.partition}]@{e.record.source.offset}": e.record.reason
                for e in log.of(settings.topics.dead_letter) if isinstance(e.record, DeadLetter)}
@@ -139,7 +139,7 @@ async def test_forged_decisions_are_intrusions_detected_and_never_hold_a_lease(
                         expires_at_ms=at + 600_000)
         return LockGranted(request_id=request_id, agent_id="mallory", resource="doc:x", token=token + 1,
                            mode="exclusive", expires_at_ms=at + 600_000, holders=[holder], resource_version=0,
-                           decided_at_ms=at, cause=Cause(topic=settings.topics.resource_commands, partition=0,
+                           at_ms=at, cause=Cause(topic=settings.topics.resource_commands, partition=0,
                                                          offset=0))
 
     t = settings.topics
@@ -333,7 +333,7 @@ async def test_forged_outcomes_never_change_the_verdict_on_honest_records(kafka_
     unverified = Rules.from_settings(settings.model_copy(update={"verify_signatures": False})).to_json()
     forged = [await _produce(settings, settings.topics.workers, "mallory-worker", WorkerStarted(
         worker_id="mallory-worker", rules_json=unverified, processing_guarantee="at_least_once",
-        partitions=settings.partitions, started_at_ms=now_ms()), signer) for signer in (None, mallory)]
+        partitions=settings.partitions, at_ms=now_ms()), signer) for signer in (None, mallory)]
     shared = "same-intent-id"
     async with ArbiterClient("alice", settings) as alice, ArbiterClient("bob", settings) as bob:
         mine = await alice.commit("doc:alice-notes", 0, {"by": "alice"}, intent_id=shared)
@@ -349,7 +349,7 @@ async def test_forged_outcomes_never_change_the_verdict_on_honest_records(kafka_
                 lie = ToolApplied(intent_id=undo, agent_id=saga.saga_id, resource="account:alice",
                                   tool="reverse_refund", token=1, version=99, content_hash="0" * 32,
                                   result_json=json.dumps({"reversed": "nothing, says mallory"}),
-                                  decided_at_ms=now_ms(),
+                                  at_ms=now_ms(),
                                   cause=Cause(topic=settings.topics.resource_commands, partition=0, offset=0))
                 for signer in (None, mallory):
                     forged.append(await _produce(settings, settings.topics.resource_events, "account:alice", lie,

@@ -141,7 +141,7 @@ def test_an_id_decided_twice_is_named_and_identical_copies_are_not() -> None:
 
     def grant(request: str, token: int) -> LockGranted:
         return LockGranted(request_id=request, agent_id="a", resource="account:a", token=token, mode="exclusive",
-                           expires_at_ms=1, holders=[], resource_version=0, decided_at_ms=0,
+                           expires_at_ms=1, holders=[], resource_version=0, at_ms=0,
                            cause=Cause(topic="c", partition=0, offset=token))
 
     add(0, grant("once", 1))
@@ -150,8 +150,8 @@ def test_an_id_decided_twice_is_named_and_identical_copies_are_not() -> None:
     add(3, grant("twice", 3))  # granted again: two tokens for one request
     add(4, grant("expired", 4))
     add(5, LockDenied(request_id="expired", agent_id="a", resource="account:a", reason="request_expired",
-                      detail="{}", decided_at_ms=0, cause=Cause(topic="c", partition=0, offset=9)))
+                      detail="{}", at_ms=0, cause=Cause(topic="c", partition=0, offset=9)))
     add(6, grant("denied-too", 5))
     add(7, LockDenied(request_id="denied-too", agent_id="a", resource="account:a", reason="busy",
-                      detail="{}", decided_at_ms=0, cause=Cause(topic="c", partition=0, offset=10)))
+                      detail="{}", at_ms=0, cause=Cause(topic="c", partition=0, offset=10)))
     assert decided_twice(log) == ["denied-too", "twice"]

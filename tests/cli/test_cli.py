@@ -309,7 +309,7 @@ def test_agents_add_list_rotate_revoke_from_a_shell(kafka_settings: Settings) ->
     assert [r["reason"] for r in rows if r["name"] == "bob"] == ["left the team"]
     # As docs/security.md says: rotate returns once the old key is refused, not 2 s before it is.
     (old,) = [r for r in rows if r["name"] == "alice" and r["status"] == "rotated"]
-    assert old["ended_at_ms"] <= returned_ms, (old, returned_ms)
+    assert old["valid_until_ms"] <= returned_ms, (old, returned_ms)
     bad = agents("add", "saga:x")
     assert bad.returncode == 1 and "reserved" in bad.stderr and "Traceback" not in bad.stderr
 

@@ -135,7 +135,7 @@ async def test_the_agents_key_never_travels_and_one_credential_is_revoked_alone(
     codec = default_codec()
     topic, name = settings.topics.resource_commands, f"doc:alice/{uuid.uuid4().hex}"
     late = codec.encode(LockRequested(request_id=uuid.uuid4().hex, agent_id="alice", resource=name,
-                                      mode="exclusive", ttl_ms=10_000, wait_ms=0, sent_at_ms=now_ms()))
+                                      mode="exclusive", ttl_ms=10_000, wait_ms=0, at_ms=now_ms()))
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all")
     await producer.start()
     try:
@@ -143,7 +143,7 @@ async def test_the_agents_key_never_travels_and_one_credential_is_revoked_alone(
                                      headers=laptop.sign(topic, name.encode(), late, now_ms()))
     finally:
         await producer.stop()
-    assert revoked.ended_at_ms is not None
+    assert revoked.valid_until_ms is not None
     letters = await read_topic(settings, settings.topics.dead_letter, until=lambda s: any(
         isinstance(m.record, DeadLetter) and m.record.value == late for m in s))
     (letter,) = [m.record for m in letters if isinstance(m.record, DeadLetter) and m.record.value == late]

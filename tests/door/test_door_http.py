@@ -466,7 +466,7 @@ class NodeSession:
 def lock_request(agent: str, resource: str, request_id: str) -> dict[str, Any]:
     """A LockRequested record as JSON (``arbiter.schemas.jsonwire``)."""
     return {"type": "LockRequested", "request_id": request_id, "agent_id": agent, "resource": resource,
-            "mode": "exclusive", "ttl_ms": 30_000, "sent_at_ms": now_ms()}
+            "mode": "exclusive", "ttl_ms": 30_000, "at_ms": now_ms()}
 
 
 async def request_ids_in(settings: Settings, topic: str) -> set[str]:

@@ -12,7 +12,7 @@ CAUSE = Cause(topic="arbiter.resource.commands", partition=0, offset=1)
 
 def granted(agent: str, token: int, request: str) -> LockGranted:
     return LockGranted(request_id=request, agent_id=agent, resource="doc:a", token=token, mode="exclusive",
-                       expires_at_ms=60_000, holders=[], resource_version=0, decided_at_ms=1_000 + token, cause=CAUSE)
+                       expires_at_ms=60_000, holders=[], resource_version=0, at_ms=1_000 + token, cause=CAUSE)
 
 
 def test_a_copy_of_a_decision_is_folded_once_and_every_view_reads_the_same_fold() -> None:
@@ -21,13 +21,13 @@ def test_a_copy_of_a_decision_is_folded_once_and_every_view_reads_the_same_fold(
     state = LiveState()
     queued = LockQueued(request_id="r2", agent_id="bob", resource="doc:a", mode="exclusive", ttl_ms=60_000,
                         position=0, priority=0, wait_deadline_ms=90_000, blocking_agents=["ann"],
-                        decided_at_ms=1_001, cause=CAUSE)
+                        at_ms=1_001, cause=CAUSE)
     for record in (granted("ann", 1, "r1"), queued, granted("ann", 1, "r1"),
-                   LockReleased(request_id="x1", agent_id="ann", resource="doc:a", token=1, decided_at_ms=1_002,
+                   LockReleased(request_id="x1", agent_id="ann", resource="doc:a", token=1, at_ms=1_002,
                                 cause=CAUSE),
                    granted("bob", 2, "r2"), granted("bob", 2, "r2"),
                    LockDenied(request_id="r3", agent_id="cy", resource="doc:a", reason="busy", detail="",
-                              decided_at_ms=1_003, cause=CAUSE)):
+                              at_ms=1_003, cause=CAUSE)):
         state.apply(record)
     assert state.counts["grants"] == 2 and state.counts["granted after waiting"] == 1, state.counts
     assert state.rejections == {"busy": 1}
@@ -41,5 +41,5 @@ def test_a_copy_of_a_decision_is_folded_once_and_every_view_reads_the_same_fold(
 def test_the_demo_view_counts_writes_and_sagas_from_the_same_fold() -> None:
     view = SwarmView()
     view.feed(ToolApplied(intent_id="i1", agent_id="ann", resource="doc:a", tool="commit", version=1,
-                          content_hash="h", result_json="{}", decided_at_ms=1, cause=CAUSE))
+                          content_hash="h", result_json="{}", at_ms=1, cause=CAUSE))
     assert view.counts["writes"] == view.state.counts["writes"] == 1

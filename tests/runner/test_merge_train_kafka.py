@@ -247,7 +247,7 @@ async def test_nothing_lands_without_a_runners_pass_whatever_an_agent_sends(stac
     lie = CheckVerdict(verdict_id="forged", runner_id="fay", resource="repo:app", intent_id=queued.intent_id,
                        base=head, commit="0" * 40, tree="0" * 40, check_digest=queued.check_digest or "",
                        passed=True, exit_code=0, stopped="", output_digest="", output_bytes=0, output_tail="",
-                       seconds_ms=0, sent_at_ms=now_ms())
+                       seconds_ms=0, at_ms=now_ms())
     codec = default_codec(settings.max_message_bytes)
     producer = AIOKafkaProducer(bootstrap_servers=settings.bootstrap, acks="all")
     await producer.start()

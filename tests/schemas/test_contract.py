@@ -157,7 +157,7 @@ def test_fingerprint_is_the_specs_little_endian_crc64_of_the_canonical_form() ->
 
 
 def _ping_bytes() -> bytes:
-    return default_codec().encode(Ping(ping_id="p1", agent_id="alpha", sent_at_ms=1))
+    return default_codec().encode(Ping(request_id="p1", agent_id="alpha", at_ms=1))
 
 
 @pytest.mark.parametrize(
@@ -183,12 +183,12 @@ def test_wrong_schema_is_refused_when_a_type_is_expected() -> None:
     with pytest.raises(ContractError) as info:
         default_codec().decode(_ping_bytes(), LockRequested)
     assert info.value.reason == "wrong_schema"
-    assert default_codec().decode(_ping_bytes(), (LockRequested, Ping)).ping_id == "p1"
+    assert default_codec().decode(_ping_bytes(), (LockRequested, Ping)).request_id == "p1"
 
 
 def test_size_limit_applies_to_encode_and_decode() -> None:
     small = Codec(max_message_bytes=1024)
-    big = Ping(ping_id="x" * 2000, agent_id="a", sent_at_ms=0)
+    big = Ping(request_id="x" * 2000, agent_id="a", at_ms=0)
     with pytest.raises(ContractError) as info:
         small.encode(big)
     assert info.value.reason == "too_large"
@@ -199,7 +199,7 @@ def test_size_limit_applies_to_encode_and_decode() -> None:
 
 def test_value_the_schema_cannot_hold_is_refused_at_encode() -> None:
     with pytest.raises(ContractError) as info:
-        default_codec().encode(Ping(ping_id="p", agent_id="a", sent_at_ms=2**70))
+        default_codec().encode(Ping(request_id="p", agent_id="a", at_ms=2**70))
     assert info.value.reason == "invalid_value"
 
 
@@ -228,7 +228,7 @@ def test_old_messages_still_decode_after_a_field_is_added(tmp_path: Path) -> Non
     buf = io.BytesIO()
     from fastavro.schema import fingerprint, to_parsing_canonical_form
     fastavro.schemaless_writer(buf, fastavro.parse_schema(older), {
-        "ping_id": "p", "agent_id": "a", "decided_at_ms": 5, "cause": {"topic": "t", "partition": 0, "offset": 9},
+        "request_id": "p", "agent_id": "a", "at_ms": 5, "cause": {"topic": "t", "partition": 0, "offset": 9},
     })
     old_message = b"\xc3\x01" + bytes.fromhex(fingerprint(to_parsing_canonical_form(older), "CRC-64-AVRO")) \
         + buf.getvalue()
@@ -248,7 +248,7 @@ def test_old_messages_still_decode_after_a_field_is_added(tmp_path: Path) -> Non
     codec = Codec(tmp_path / "schemas", models=[evolved if m is Pong else m for m in models.MODELS])
     decoded = codec.decode(old_message)
     assert decoded.model_dump() == {
-        "ping_id": "p", "agent_id": "a", "worker_id": "unknown", "decided_at_ms": 5,
+        "request_id": "p", "agent_id": "a", "worker_id": "unknown", "at_ms": 5,
         "cause": {"topic": "t", "partition": 0, "offset": 9},
     }
 
@@ -275,3 +275,69 @@ def test_a_trusted_record_equals_the_validated_one(model: type[Record], data: st
     assert list(built.__dict__) == list(validated.__dict__), "the fields' order (serializers follow it)"
     assert built.model_dump() == validated.model_dump()
     assert default_codec().encode(built) == default_codec().encode(validated)
+
+
+HISTORY_FILES = sorted((SCHEMA_DIR / "history").glob("*.avsc"))
+RENAMED_AWAY = {"sent_at_ms", "decided_at_ms", "started_at_ms", "added_at_ms", "removed_at_ms", "expired_at_ms",
+                "ended_at_ms", "ping_id", "tick_id"}
+
+
+def test_one_name_for_a_records_own_time_and_for_a_commands_id() -> None:
+    """Every record says when it was made as ``at_ms``, whoever made it (an agent's command, a worker's decision, a
+    wait edge either may write); the other times it carries are something else's: a lease's end, the command a
+    decision answers, when a waiter queued. A command's correlation id is ``request_id`` (a tool intent's is its
+    ``intent_id``, the idempotency key the agent chooses)."""
+    others = {"expires_at_ms", "request_sent_at_ms", "waiter_registered_at_ms"}
+    for model in MODELS:
+        fields = set(model.model_fields)
+        assert "at_ms" in fields, model.__name__
+        assert not fields & RENAMED_AWAY, (model.__name__, fields & RENAMED_AWAY)
+        assert {f for f in fields if f.endswith("_at_ms")} <= others, model.__name__
+
+
+@pytest.mark.parametrize("path", HISTORY_FILES, ids=lambda p: p.stem)
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_a_message_written_by_a_superseded_schema_reads_under_the_current_names(path: Path, data: Any) -> None:
+    """Old logs stay readable across a rename: the bytes decode (the current schema's ``aliases``), and the same
+    record as JSON, in an old archive or from an old client, reads under the current names too."""
+    import io
+
+    import fastavro
+    from fastavro.schema import fingerprint, to_parsing_canonical_form
+
+    from arbiter.audit.log import from_line
+    from arbiter.schemas.jsonwire import current_names
+
+    raw = json.loads(path.read_text())
+    old = data.draw(for_record(raw))
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(raw), old)
+    message = b"\xc3\x01" + bytes.fromhex(fingerprint(to_parsing_canonical_form(raw), "CRC-64-AVRO")) + buf.getvalue()
+    model = MODEL_BY_NAME[f"{raw['namespace']}.{raw['name']}"]
+    try:
+        record = default_codec().decode(message)
+    except ContractError as exc:  # a value the model refuses (the generator knows only the Avro types)
+        assert exc.reason == "malformed_body", exc
+        return
+    assert type(record) is model
+    renamed = default_codec().renamed[model]
+    assert set(renamed) <= RENAMED_AWAY
+    dumped = record.model_dump()
+    for name, value in old.items():
+        assert dumped[renamed.get(name, name)] == value, name
+    as_json = json.loads(json.dumps(old, default=lambda b: b.decode("latin-1")))
+    assert set(current_names(model, as_json)) <= set(model.model_fields)
+    if not any(isinstance(v, bytes) for v in old.values()):
+        line = json.dumps({"topic": "t", "partition": 0, "offset": 0, "ts": 0, "key": None, "type": model.__name__,
+                           "record": old})
+        assert from_line(line).record == record
+
+
+def test_a_client_may_still_send_a_renamed_field_by_its_old_name_but_not_both() -> None:
+    from arbiter.schemas.jsonwire import from_json
+
+    old = {"type": "Ping", "ping_id": "p1", "agent_id": "a", "sent_at_ms": 5}
+    assert from_json(old, (Ping,)) == Ping(request_id="p1", agent_id="a", at_ms=5)
+    with pytest.raises(ContractError, match="malformed_body"):
+        from_json({**old, "request_id": "p2"}, (Ping,))

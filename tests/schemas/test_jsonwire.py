@@ -37,14 +37,14 @@ def test_every_record_an_agent_sees_or_sends_round_trips_through_json(name: str)
 
 def _request(**change: Any) -> dict[str, Any]:
     return {**to_json(LockRequested(request_id="r1", agent_id="alice", resource="doc:1", mode="exclusive",
-                                    ttl_ms=1000, sent_at_ms=1)), **change}
+                                    ttl_ms=1000, at_ms=1)), **change}
 
 
 def test_a_type_outside_the_allowed_ones_is_refused() -> None:
     granted = to_json(LockGranted.model_validate({
         "request_id": "r", "agent_id": "a", "resource": "x", "token": 1, "mode": "exclusive", "expires_at_ms": 1,
         "holders": [],
-        "resource_version": 0, "decided_at_ms": 1, "cause": {"topic": "t", "partition": 0, "offset": 0}}))
+        "resource_version": 0, "at_ms": 1, "cause": {"topic": "t", "partition": 0, "offset": 0}}))
     with pytest.raises(ContractError) as refused:
         from_json(granted, AGENT_COMMANDS)  # an agent never sends a decision
     assert refused.value.reason == "wrong_schema"
@@ -61,7 +61,7 @@ def test_a_bad_field_is_named() -> None:
         assert refused.value.reason == "malformed_body"
         assert f"LockRequested.{field}" in str(refused.value), str(refused.value)
     assert isinstance(from_json(to_json(ToolIntent(
-        intent_id="i", agent_id="a", resource="r", tool="commit", arguments_json="{}", sent_at_ms=1)),
+        intent_id="i", agent_id="a", resource="r", tool="commit", arguments_json="{}", at_ms=1)),
         AGENT_COMMANDS), ToolIntent)
 
 

@@ -16,12 +16,12 @@ def _events() -> list[Record]:
     holder = Holder(agent_id="alpha", request_id="r1", token=7, mode="exclusive", expires_at_ms=30_000)
     return [
         LockGranted(request_id="r1", agent_id="alpha", resource="account:482", token=7, mode="exclusive",
-                    expires_at_ms=30_000, holders=[holder], resource_version=3, decided_at_ms=1, cause=cause),
+                    expires_at_ms=30_000, holders=[holder], resource_version=3, at_ms=1, cause=cause),
         LockQueued(request_id="r2", agent_id="beta", resource="account:482", mode="shared", ttl_ms=5000,
                    position=1, priority=0,
-                   wait_deadline_ms=60_000, blocking_agents=["alpha"], decided_at_ms=2, cause=cause),
+                   wait_deadline_ms=60_000, blocking_agents=["alpha"], at_ms=2, cause=cause),
         ToolIntent(intent_id="i1", agent_id="alpha", resource="account:482", token=7, tool="refund",
-                   arguments_json='{"amount": 120}', sent_at_ms=3),
+                   arguments_json='{"amount": 120}', at_ms=3),
     ]
 
 

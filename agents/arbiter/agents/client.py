@@ -204,7 +204,7 @@ class ArbiterClient:
             return
         key: str | None
         if isinstance(record, Pong):
-            key = record.ping_id
+            key = record.request_id
         elif isinstance(record, ToolApplied | ToolRejected):
             key = record.intent_id
         elif isinstance(record, SagaFinished):
@@ -242,11 +242,11 @@ class ArbiterClient:
 
     async def ping(self, key: str | None = None, timeout: float = 10.0) -> PingResult:
         """Send a Ping through the worker that owns ``key``'s partition and await the Pong."""
-        ping_id = _new_id()
+        request_id = _new_id()
         started = time.perf_counter()
         try:
-            pong = await self._call(key or f"ping:{ping_id}", Ping(ping_id=ping_id, agent_id=self.agent_id,
-                                                                   sent_at_ms=now_ms()), ping_id, timeout,
+            pong = await self._call(key or f"ping:{request_id}", Ping(request_id=request_id, agent_id=self.agent_id,
+                                                                   at_ms=now_ms()), request_id, timeout,
                                     (Pong, LockDenied))
         except ArbiterTimeout:
             raise ArbiterTimeout(f"no Pong within {timeout}s: is a worker running?") from None
@@ -276,7 +276,7 @@ class ArbiterClient:
         command = LockRequested(
             request_id=_new_id(), agent_id=self.agent_id, resource=resource, mode=mode, ttl_ms=round(ttl * 1000),
             priority=priority, wait_ms=round(wait * 1000), saga_id=saga_id, held_resources=sorted(self._held),
-            sent_at_ms=now_ms(),
+            at_ms=now_ms(),
         )
         pending = PendingAcquire(command.request_id, time.monotonic())
         answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -319,7 +319,7 @@ class ArbiterClient:
             with contextlib.suppress(ArbiterError):  # (not reachable: the worker's expiry ends it anyway)
                 await asyncio.shield(self._send(resource, LockCancelRequested(
                     request_id=_new_id(), agent_id=self.agent_id, resource=resource,
-                    target_request_id=pending.request_id, sent_at_ms=now_ms())))
+                    target_request_id=pending.request_id, at_ms=now_ms())))
 
     async def _lease_of(self, pending: PendingAcquire, command: LockRequested) -> Lease:
         """The lease a final answer grants; or its refusal raised."""
@@ -361,13 +361,13 @@ class ArbiterClient:
         await self._transport.send(self.settings.topics.wait_edges, key, WaitEdgeAdded(
             edge_id=edge_id, waiter=self.agent_id, holder=other, source="delegation", resource=None,
             waiter_priority=priority, waiter_registered_at_ms=self.registered_at_ms, saga_id=saga_id,
-            added_at_ms=now_ms()))
+            at_ms=now_ms()))
         try:
             yield
         finally:
             await asyncio.shield(self._transport.send(self.settings.topics.wait_edges, key, WaitEdgeRemoved(
                 edge_id=edge_id, waiter=self.agent_id, holder=other, source="delegation", resource=None,
-                removed_at_ms=now_ms())))
+                at_ms=now_ms())))
 
     def delegate(self, to: str, task: str = "", priority: int = 0,
                  saga_id: str | None = None) -> contextlib.AbstractAsyncContextManager[None]:
@@ -473,7 +473,7 @@ class ArbiterClient:
         outcome = await self.renew_token(lease.resource, lease.token,
                                          None if ttl is None else ttl, timeout=timeout)
         if isinstance(outcome, LockRenewed):
-            lease.extended(sent_at, outcome.expires_at_ms, outcome.expires_at_ms - outcome.decided_at_ms)
+            lease.extended(sent_at, outcome.expires_at_ms, outcome.expires_at_ms - outcome.at_ms)
             return
         lease.mark_lost(f"renewal refused: {outcome.reason}")
         raise LeaseDenied.from_event(outcome)
@@ -497,7 +497,7 @@ class ArbiterClient:
         request_id = _new_id()
         outcome = await self._call(resource, LockRenewRequested(
             request_id=request_id, agent_id=self.agent_id, resource=resource, token=token,
-            ttl_ms=None if ttl is None else round(ttl * 1000), sent_at_ms=now_ms(),
+            ttl_ms=None if ttl is None else round(ttl * 1000), at_ms=now_ms(),
         ), request_id, timeout, (LockRenewed, LockDenied))
         assert isinstance(outcome, LockRenewed | LockDenied)
         return outcome
@@ -506,7 +506,7 @@ class ArbiterClient:
         """Low level: release by token."""
         request_id = _new_id()
         outcome = await self._call(resource, LockReleaseRequested(
-            request_id=request_id, agent_id=self.agent_id, resource=resource, token=token, sent_at_ms=now_ms(),
+            request_id=request_id, agent_id=self.agent_id, resource=resource, token=token, at_ms=now_ms(),
         ), request_id, timeout, (LockReleased, LockDenied))
         assert isinstance(outcome, LockReleased | LockDenied)
         return outcome
@@ -587,7 +587,7 @@ class ArbiterClient:
             intent_id=intent_id, agent_id=self.agent_id, resource=resource, token=token,
             base_version=base_version, base_hash=base_hash, tool=tool,
             arguments_json=json.dumps(args, sort_keys=True), saga_id=saga_id, step=step,
-            is_compensation=is_compensation, sent_at_ms=now_ms(),
+            is_compensation=is_compensation, at_ms=now_ms(),
         )
         event = await self._call(resource, intent, intent_id, timeout, (ToolApplied, ToolRejected))
         assert isinstance(event, ToolApplied | ToolRejected)
@@ -606,7 +606,7 @@ class ArbiterClient:
         the agent's prefixes: ``forbidden``) raises ``LeaseDenied`` with the JSON diagnostic."""
         request_id = _new_id()
         event = await self._call(resource, SnapshotRequested(
-            request_id=request_id, agent_id=self.agent_id, resource=resource, sent_at_ms=now_ms(),
+            request_id=request_id, agent_id=self.agent_id, resource=resource, at_ms=now_ms(),
             with_content=content,
         ), request_id, timeout, (ResourceSnapshot, LockDenied))
         if isinstance(event, LockDenied):

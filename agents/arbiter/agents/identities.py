@@ -148,7 +148,7 @@ class Registrar:
         signer = Signer.generate(name)
         ends = now_ms() + END_GRACE_MS
         await self.publish([self._entry(signer, newest.role, newest.tenant, newest.allow),
-                            *(e.model_copy(update={"status": ROTATED, "ended_at_ms": ends, "reason": "rotated",
+                            *(e.model_copy(update={"status": ROTATED, "valid_until_ms": ends, "reason": "rotated",
                                                    "at_ms": now_ms()}) for e in current)])
         await _until(ends)
         if keep_key:
@@ -166,7 +166,7 @@ class Registrar:
         if not current:
             raise IdentityError(f"{name!r} has no active key")
         ends = now_ms() + END_GRACE_MS
-        revoked = [e.model_copy(update={"status": REVOKED, "ended_at_ms": ends, "reason": reason or "revoked",
+        revoked = [e.model_copy(update={"status": REVOKED, "valid_until_ms": ends, "reason": reason or "revoked",
                                         "at_ms": now_ms()}) for e in current]
         await self.publish(revoked)
         await _until(ends)
@@ -202,7 +202,7 @@ class Registrar:
         signer = Signer.generate(name)
         entry = self._entry(signer, ROLE_AGENT, identity.tenant, scope).model_copy(update={
             "credential": label,
-            "ended_at_ms": None if expires_in_s is None else now_ms() + round(expires_in_s * 1000)})
+            "valid_until_ms": None if expires_in_s is None else now_ms() + round(expires_in_s * 1000)})
         await self.publish([entry])
         return signer, entry
 
@@ -218,7 +218,7 @@ class Registrar:
         if len(found) > 1:
             raise IdentityError(f"{credential!r} names {len(found)} credentials of {name!r}: give the label")
         ends = now_ms() + END_GRACE_MS
-        revoked = found[0].model_copy(update={"status": REVOKED, "ended_at_ms": ends, "reason": reason or "revoked",
+        revoked = found[0].model_copy(update={"status": REVOKED, "valid_until_ms": ends, "reason": reason or "revoked",
                                               "at_ms": now_ms()})
         await self.publish([revoked])
         await _until(ends)
@@ -295,7 +295,7 @@ class Operator:
         request_id = f"override|{uuid.uuid4().hex}"
         await self._send(self.settings.topics.resource_commands, resource, LockRevokeRequested(
             request_id=request_id, resource=resource, agent_id=agent_id, token=token, reason=reason,
-            requested_by=ROLE_ADMIN, sent_at_ms=now_ms()))
+            requested_by=ROLE_ADMIN, at_ms=now_ms()))
         return request_id
 
     async def abort_saga(self, saga_id: str, reason: str) -> None:

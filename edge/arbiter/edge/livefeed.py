@@ -155,7 +155,7 @@ class LiveState:
         if isinstance(record, SagaStep | Compensated | SagaFinished):
             return self._saga(record)
         if isinstance(record, WorkerStarted):
-            self.workers[record.worker_id] = {"id": record.worker_id, "started_at_ms": record.started_at_ms,
+            self.workers[record.worker_id] = {"id": record.worker_id, "started_at_ms": record.at_ms,
                                               "guarantee": record.processing_guarantee}
             return {"kind": "worker", "worker": self.workers[record.worker_id]}
         if isinstance(record, DeadLetter):
@@ -166,7 +166,7 @@ class LiveState:
     def _lease_decided(self, record: _LeaseDecision) -> dict[str, Any]:
         self.decisions += 1
         book = self.resources.setdefault(record.resource, {"holders": {}, "queue": []})
-        agent, at = record.agent_id, record.decided_at_ms
+        agent, at = record.agent_id, record.at_ms
         kind = type(record).__name__.removeprefix("Lock").lower()
         waited = isinstance(record, LockGranted) and agent in book["queue"]
         _update_book(book, record)
@@ -192,7 +192,7 @@ class LiveState:
 
     def _write_decided(self, record: ToolApplied | ToolRejected) -> dict[str, Any]:
         self.decisions += 1
-        at = record.decided_at_ms
+        at = record.at_ms
         reason = "applied" if isinstance(record, ToolApplied) else record.reason
         if isinstance(record, ToolRejected):
             self._refused(at, record.reason)
@@ -217,12 +217,12 @@ class LiveState:
 
     def _deadlock(self, record: DeadlockDetected) -> dict[str, Any] | None:
         found = {"id": record.detection_id, "victim": record.victim, "cycle": list(record.cycle),
-                 "at": record.decided_at_ms, "message": record.message}
+                 "at": record.at_ms, "message": record.message}
         if all(d["id"] != found["id"] for d in self.deadlocks):
             self.deadlocks.append(found)
             self.counts["deadlocks"] += 1
             self.victims.append(record.victim)
-            self._remember(list(record.cycle), {"kind": "deadlock", "at": record.decided_at_ms,
+            self._remember(list(record.cycle), {"kind": "deadlock", "at": record.at_ms,
                                                "agent": record.victim, "reason": record.message})
             return {"kind": "deadlock", "deadlock": found}
         return None
@@ -251,7 +251,7 @@ def _update_book(book: dict[str, Any], record: _LeaseDecision) -> None:
     agent = record.agent_id
     if isinstance(record, LockGranted):
         book["holders"][agent] = {"mode": record.mode, "expires_at_ms": record.expires_at_ms,
-                                  "since_ms": record.decided_at_ms, "token": record.token}
+                                  "since_ms": record.at_ms, "token": record.token}
         if agent in book["queue"]:
             book["queue"].remove(agent)
     elif isinstance(record, LockRenewed):

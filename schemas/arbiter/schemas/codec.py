@@ -15,7 +15,8 @@ commands and tool intents in one order).
 
 Decoding looks the fingerprint up among the current schemas and the superseded ones
 in ``schemas/arbiter/schemas/history``; a superseded writer schema is resolved against the current
-reader schema, so fields added later with defaults are filled in.
+reader schema, so fields added later with defaults are filled in, and a renamed field is
+read under its new name (the current schema lists the old one in the field's ``aliases``).
 
 Every way a message can fail to decode raises one error type, ``ContractError``,
 with a stable ``reason`` code. Processors catch exactly that and dead-letter the
@@ -107,6 +108,8 @@ class Codec:
         self._current: dict[type[Record], tuple[bytes, Any]] = {}
         self._writers: dict[bytes, _Writer] = {}
         self.schema_files: dict[str, Path] = {}
+        self.renamed: dict[type[Record], dict[str, str]] = {}
+        """Each model's renamed top-level fields, old name to new (the schemas' ``aliases``)."""
         current_parsed: dict[str, Any] = {}
         for path in sorted(p for p in schema_dir.rglob("*.avsc") if "history" not in p.relative_to(schema_dir).parts):
             raw, parsed, fp = _load(path)
@@ -118,6 +121,7 @@ class Codec:
             if model is None:
                 raise ValueError(f"schema {name} ({path}) has no model in arbiter.schemas.models")
             self._current[model] = (fp, parsed)
+            self.renamed[model] = {old: field["name"] for field in raw["fields"] for old in field.get("aliases", ())}
             self._writers[fp] = _Writer(name, parsed, None, model)
             current_parsed[name] = parsed
         missing = sorted(set(by_name) - set(self.schema_files))

@@ -20,7 +20,7 @@ given to every process out of band (``<home>/keys/admin.pub`` or
 ``ARBITER_ADMIN_PUBLIC_KEYS``), never read from Kafka, so write access to the registry
 topic alone cannot make anyone an identity.
 
-A key stops being good when it is rotated or revoked: its record gets ``ended_at_ms``,
+A key stops being good when it is rotated or revoked: its record gets ``valid_until_ms``,
 and a message appended by the broker at or after that time does not verify. The end is
 set a little in the future when the change is made (``END_GRACE_MS``), so that every
 worker has read it before it takes effect and a replay decides exactly as the workers did.
@@ -393,7 +393,8 @@ def _later(new: IdentityRegistered, old: IdentityRegistered) -> bool:
     rank_new, rank_old = _STATUS_RANK.get(new.status, 1), _STATUS_RANK.get(old.status, 1)
     if rank_new != rank_old:
         return rank_new > rank_old
-    if rank_old and old.ended_at_ms is not None and (new.ended_at_ms is None or new.ended_at_ms > old.ended_at_ms):
+    ends, new_ends = old.valid_until_ms, new.valid_until_ms
+    if rank_old and ends is not None and (new_ends is None or new_ends > ends):
         return False
     return new.at_ms >= old.at_ms
 
@@ -476,10 +477,10 @@ class Registry:
             entry = IdentityRegistered(key_id=kid, name=ROLE_ADMIN, role=ROLE_ADMIN, public_key=b"\0" * 32,
                                        status=ACTIVE, valid_from_ms=0, at_ms=0)
             public = anchor
-        if entry.ended_at_ms is not None and appended_at_ms >= entry.ended_at_ms:
+        if entry.valid_until_ms is not None and appended_at_ms >= entry.valid_until_ms:
             return Refused(Reason.UNAUTHENTICATED, f"the key {kid[:16]} of {entry.name!r} "
                                                    f"{'expired' if entry.status == ACTIVE else 'was ' + entry.status} "
-                                                   f"at {entry.ended_at_ms}")
+                                                   f"at {entry.valid_until_ms}")
         payload = signed_payload(topic, key, value, entry.name, at)
         proof = signature.proof
         root: bytes | None = None

@@ -4,6 +4,9 @@ A record travels as one JSON object: the model's fields, plus ``"type"``, the mo
 name (``"LockRequested"``, ``"LockGranted"``...). Field names, types and meanings are
 those of the Avro schemas (``schemas/*/*.avsc``); times are integer milliseconds and
 free-form payloads are JSON text (``*_json``), so nothing here is Python-specific.
+
+A field renamed in the contract is still taken under its old name (the schema's ``aliases``),
+so a client written against an older contract keeps working; answers use the current names.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from arbiter.schemas.codec import ContractError
+from arbiter.schemas.codec import ContractError, default_codec
 from arbiter.schemas.models import MODELS, Record
 
 BY_NAME: dict[str, type[Record]] = {m.__name__: m for m in MODELS}
@@ -22,6 +25,18 @@ BY_NAME: dict[str, type[Record]] = {m.__name__: m for m in MODELS}
 def to_json(record: Record) -> dict[str, Any]:
     """``record`` as a JSON object with its ``type``."""
     return {"type": type(record).__name__, **record.model_dump(mode="json")}
+
+
+def current_names(model: type[Record], fields: dict[str, Any]) -> dict[str, Any]:
+    """``fields`` (a copy, if anything changes) with each field the contract renamed under its current name."""
+    renamed = default_codec().renamed[model]
+    if not renamed.keys() & fields.keys():
+        return fields
+    current: dict[str, Any] = {}
+    for name, value in fields.items():
+        new = renamed.get(name)
+        current[new if new is not None and new not in fields else name] = value  # (both given: refused as extra)
+    return current
 
 
 def from_json(value: Any, allowed: tuple[type[Record], ...]) -> Record:
@@ -38,7 +53,7 @@ def from_json(value: Any, allowed: tuple[type[Record], ...]) -> Record:
         names = ", ".join(m.__name__ for m in allowed)
         raise ContractError("wrong_schema", f"'type' is {kind!r}; expected one of: {names}")
     try:
-        return model.model_validate(fields)
+        return model.model_validate(current_names(model, fields))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(record)"

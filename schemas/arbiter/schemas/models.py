@@ -72,7 +72,7 @@ class LockRequested(Record):
     wait_ms: int = 0
     saga_id: str | None = None
     held_resources: list[str] = []
-    sent_at_ms: int
+    at_ms: int
 
 
 class LockRenewRequested(Record):
@@ -85,7 +85,7 @@ class LockRenewRequested(Record):
     resource: str
     token: int
     ttl_ms: int | None = None
-    sent_at_ms: int
+    at_ms: int
 
 
 class LockReleaseRequested(Record):
@@ -97,7 +97,7 @@ class LockReleaseRequested(Record):
     agent_id: str
     resource: str
     token: int
-    sent_at_ms: int
+    at_ms: int
 
 
 class LockCancelRequested(Record):
@@ -109,7 +109,7 @@ class LockCancelRequested(Record):
     agent_id: str
     resource: str
     target_request_id: str
-    sent_at_ms: int
+    at_ms: int
 
 
 class LockRevokeRequested(Record):
@@ -123,7 +123,7 @@ class LockRevokeRequested(Record):
     token: int | None = None
     reason: str
     requested_by: str
-    sent_at_ms: int
+    at_ms: int
 
 
 class LockTick(Record):
@@ -131,9 +131,9 @@ class LockTick(Record):
 
     AVRO_NAME: ClassVar[str] = "arbiter.lock.LockTick"
 
-    tick_id: str
+    request_id: str
     partition: int
-    sent_at_ms: int
+    at_ms: int
 
 
 # -- lock events (topic: resource events, key: resource; copies to agent inbox) ---
@@ -154,7 +154,7 @@ class LockGranted(Record):
     resource_version: int
     warnings: list[str] = []
     request_sent_at_ms: int | None = None
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -175,7 +175,7 @@ class LockQueued(Record):
     blocking_agents: list[str]
     warnings: list[str] = []
     request_sent_at_ms: int | None = None
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -190,7 +190,7 @@ class LockDenied(Record):
     reason: str
     detail: str
     request_sent_at_ms: int | None = None
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -205,7 +205,7 @@ class LockRenewed(Record):
     token: int
     expires_at_ms: int
     request_sent_at_ms: int | None = None
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -219,7 +219,7 @@ class LockReleased(Record):
     resource: str
     token: int
     request_sent_at_ms: int | None = None
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -232,8 +232,8 @@ class LockExpired(Record):
     agent_id: str
     resource: str
     token: int
-    expired_at_ms: int
-    decided_at_ms: int
+    expires_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -250,7 +250,7 @@ class LockRevoked(Record):
     by_request_id: str | None = None
     by_agent_id: str | None = None
     request_sent_at_ms: int | None = None
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -266,7 +266,7 @@ class LockCancelled(Record):
     by_request_id: str | None = None
     by_agent_id: str | None = None
     request_sent_at_ms: int | None = None
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -279,7 +279,7 @@ class LockWaitTimedOut(Record):
     agent_id: str
     resource: str
     waited_ms: int
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -302,7 +302,7 @@ class ToolIntent(Record):
     saga_id: str | None = None
     step: int | None = None
     is_compensation: bool = False
-    sent_at_ms: int
+    at_ms: int
 
 
 class ToolApplied(Record):
@@ -320,7 +320,7 @@ class ToolApplied(Record):
     content_hash: str
     result_json: str
     request_sent_at_ms: int | None = None
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -336,7 +336,7 @@ class ToolRejected(Record):
     reason: str
     diagnostic_json: str
     request_sent_at_ms: int | None = None
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -348,7 +348,7 @@ class SnapshotRequested(Record):
     request_id: str
     agent_id: str
     resource: str
-    sent_at_ms: int
+    at_ms: int
     with_content: bool = False
 
 
@@ -364,7 +364,7 @@ class ResourceSnapshot(Record):
     content_hash: str
     high_water_token: int
     holders: list[Holder]
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
     content_json: str | None = None
 
@@ -385,7 +385,7 @@ class WaitEdgeAdded(Record):
     waiter_priority: int = 0
     waiter_registered_at_ms: int
     saga_id: str | None = None
-    added_at_ms: int
+    at_ms: int
     cause: Cause | None = None
 
 
@@ -399,7 +399,7 @@ class WaitEdgeRemoved(Record):
     holder: str
     source: str
     resource: str | None = None
-    removed_at_ms: int
+    at_ms: int
     cause: Cause | None = None
 
 
@@ -414,7 +414,7 @@ class DeadlockDetected(Record):
     cycle_json: str
     message: str
     saga_id: str | None = None
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -501,7 +501,7 @@ class CheckVerdict(Record):
     output_bytes: int
     output_tail: str
     seconds_ms: int
-    sent_at_ms: int
+    at_ms: int
 
 
 class MergeQueued(Record):
@@ -520,7 +520,7 @@ class MergeQueued(Record):
     arguments_json: str
     position: int
     request_sent_at_ms: int | None = None
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -547,7 +547,7 @@ class MergeChecked(Record):
     output_bytes: int
     output_tail: str
     seconds_ms: int
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -562,7 +562,7 @@ class MergeReplanned(Record):
     target: str
     head: str
     reason: str
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -574,9 +574,9 @@ class Ping(Record):
 
     AVRO_NAME: ClassVar[str] = "arbiter.system.Ping"
 
-    ping_id: str
+    request_id: str
     agent_id: str
-    sent_at_ms: int
+    at_ms: int
 
 
 class Pong(Record):
@@ -584,10 +584,10 @@ class Pong(Record):
 
     AVRO_NAME: ClassVar[str] = "arbiter.system.Pong"
 
-    ping_id: str
+    request_id: str
     agent_id: str
     worker_id: str
-    decided_at_ms: int
+    at_ms: int
     cause: Cause
 
 
@@ -600,7 +600,7 @@ class WorkerStarted(Record):
     rules_json: str
     processing_guarantee: str
     partitions: int
-    started_at_ms: int
+    at_ms: int
 
 
 class IdentityRegistered(Record):
@@ -616,7 +616,7 @@ class IdentityRegistered(Record):
     allow: list[str] = []
     status: str
     valid_from_ms: int
-    ended_at_ms: int | None = None
+    valid_until_ms: int | None = None
     reason: str = ""
     credential: str = ""
     at_ms: int

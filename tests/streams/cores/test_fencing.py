@@ -42,7 +42,7 @@ def test_renew_release_and_write_decide_a_token_alike(history: list[tuple[str, s
                                                       token: int, later: int) -> None:
     h, now = _book_after(history)
     now += later
-    h.send(LockTick(tick_id="t", partition=0, sent_at_ms=0), now)  # time first, for all three alike
+    h.send(LockTick(request_id="t", partition=0, at_ms=0), now)  # time first, for all three alike
     renew = copy.deepcopy(h).renew(agent, token, now, ttl=10)[-1]
     release = copy.deepcopy(h).release(agent, token, now)[-1]
     gate = Gate(NON_EXCLUSIVE)

@@ -40,7 +40,7 @@ class Gate:
         self.n += 1
         return ToolIntent(intent_id=intent_id or f"i{self.n}", agent_id=agent, resource=self.resource, token=token,
                           base_version=base, base_hash=base_hash, tool=tool,
-                          arguments_json=json.dumps(args if args is not None else {"amount": self.n}), sent_at_ms=0)
+                          arguments_json=json.dumps(args if args is not None else {"amount": self.n}), at_ms=0)
 
     def write(self, intent: ToolIntent, now: int, outcome: ToolOutcome | None = None,
               known_tools: frozenset[str] | None = None) -> ToolApplied | ToolRejected:
@@ -254,7 +254,7 @@ def test_an_intent_id_is_never_decided_twice_however_long_the_history(
         if replay and sent:
             intent = sent[pick % len(sent)]
         else:
-            intent = g.intent("a", base=g.content.version).model_copy(update={"sent_at_ms": now})
+            intent = g.intent("a", base=g.content.version).model_copy(update={"at_ms": now})
             sent.append(intent)
         event = g.write(intent, now)
         if isinstance(event, ToolApplied):
@@ -324,7 +324,7 @@ def test_a_burst_of_stale_intents_leaves_the_outcomes_and_the_floor_as_they_were
     for dt, stale_base, invalid in steps:
         now += dt
         intent = g.intent("a", base=g.content.version - stale_base, tool="" if invalid else "refund")
-        sent.append(intent.model_copy(update={"sent_at_ms": now}))
+        sent.append(intent.model_copy(update={"at_ms": now}))
         g.write(sent[-1], now)
     before = g.content.to_dict()
     forgotten = [i for i in sent if i.intent_id not in g.content.outcomes]
@@ -343,13 +343,13 @@ def test_an_intent_sent_far_ahead_is_refused_and_never_raises_the_floor() -> Non
     forgotten early like any outcome and raised the floor to its send time: every write refused for ten
     years). Sent again in time, it is decided."""
     g = Gate(GatewayRules(policies=(("", "optimistic"),), max_remembered_ids=4, clock_skew_ms=60_000))
-    ahead = g.intent("skewed", base=0).model_copy(update={"sent_at_ms": 10 * 365 * 86_400_000})
+    ahead = g.intent("skewed", base=0).model_copy(update={"at_ms": 10 * 365 * 86_400_000})
     assert reason(g.write(ahead, 0)) == "clock_skew"
     for now in range(1, 11):
-        assert reason(g.write(g.intent("a", base=g.content.version).model_copy(update={"sent_at_ms": now}),
+        assert reason(g.write(g.intent("a", base=g.content.version).model_copy(update={"at_ms": now}),
                               now)) == "applied"
     assert (g.content.forgotten_sent_ms or 0) <= 10
-    assert reason(g.write(ahead.model_copy(update={"sent_at_ms": 11, "base_version": 10}), 11)) == "applied"
+    assert reason(g.write(ahead.model_copy(update={"at_ms": 11, "base_version": 10}), 11)) == "applied"
 
 
 def test_rules_recorded_before_remember_a_refusal_for_the_send_time_as_they_did() -> None:
@@ -358,10 +358,10 @@ def test_rules_recorded_before_remember_a_refusal_for_the_send_time_as_they_did(
     for forget in (False, True):
         rules = GatewayRules(policies=(("", "optimistic"),), max_remembered_ids=2, forget_window_refusals=forget)
         g = Gate(rules)
-        first = g.intent("a", base=0).model_copy(update={"sent_at_ms": 1})
+        first = g.intent("a", base=0).model_copy(update={"at_ms": 1})
         g.write(first, 1)
         for now in (2, 3):
-            g.write(g.intent("a", base=g.content.version).model_copy(update={"sent_at_ms": now}), now)
+            g.write(g.intent("a", base=g.content.version).model_copy(update={"at_ms": now}), now)
         assert reason(g.write(first, 4)) == "request_expired"
         assert (first.intent_id in g.content.outcomes) is not forget
         invalid = first.model_copy(update={"tool": "", "intent_id": "stale-and-invalid"})

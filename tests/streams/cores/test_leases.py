@@ -50,9 +50,9 @@ class Harness:
         self.rows: dict[bytes, bytes | None] = {}
 
     def send(self, command: Any, now: int, *, as_sent: bool = False) -> list[LockEvent]:
-        """Decide ``command`` at ``now``; a ``sent_at_ms`` of 0 means "sent now" unless ``as_sent``."""
-        if not as_sent and getattr(command, "sent_at_ms", None) == 0:
-            command = command.model_copy(update={"sent_at_ms": now})  # a sender whose clock is the broker's
+        """Decide ``command`` at ``now``; a ``at_ms`` of 0 means "sent now" unless ``as_sent``."""
+        if not as_sent and getattr(command, "at_ms", None) == 0:
+            command = command.model_copy(update={"at_ms": now})  # a sender whose clock is the broker's
         self.sent.append(command)
         cause = Cause(topic="cmds", partition=0, offset=self.offset)
         self.offset += 1
@@ -102,18 +102,18 @@ class Harness:
                 resource: str = RES) -> list[LockEvent]:
         return self.send(LockRequested(request_id=request_id or self.rid(), agent_id=agent, resource=resource,
                                        mode=mode, ttl_ms=ttl, wait_ms=wait, priority=priority,
-                                       held_resources=held or [], sent_at_ms=0), now)
+                                       held_resources=held or [], at_ms=0), now)
 
     def release(self, agent: str, token: int, now: int) -> list[LockEvent]:
         return self.send(LockReleaseRequested(request_id=self.rid(), agent_id=agent, resource=RES, token=token,
-                                              sent_at_ms=0), now)
+                                              at_ms=0), now)
 
     def renew(self, agent: str, token: int, now: int, ttl: int | None = None) -> list[LockEvent]:
         return self.send(LockRenewRequested(request_id=self.rid(), agent_id=agent, resource=RES, token=token,
-                                            ttl_ms=ttl, sent_at_ms=0), now)
+                                            ttl_ms=ttl, at_ms=0), now)
 
     def tick(self, now: int) -> list[LockEvent]:
-        return self.send(LockTick(tick_id=self.rid(), partition=0, sent_at_ms=0), now)
+        return self.send(LockTick(request_id=self.rid(), partition=0, at_ms=0), now)
 
 
 def assert_indexed(book: LeaseBook) -> None:
@@ -240,11 +240,11 @@ def test_cancel_removes_the_waiter_and_may_unblock_those_behind() -> None:
     h.acquire("x", 1, wait=60_000, request_id="x-req")
     h.acquire("s2", 2, mode="shared", wait=60_000)
     events = h.send(LockCancelRequested(request_id="c1", agent_id="x", resource=RES, target_request_id="x-req",
-                                        sent_at_ms=0), 3)
+                                        at_ms=0), 3)
     assert [type(e) for e in events][:2] == [WaitEdgeRemoved, LockCancelled]
     assert [g.agent_id for g in only(events, LockGranted)] == ["s2"]
     (denied,) = h.send(LockCancelRequested(request_id="c2", agent_id="x", resource=RES,
-                                           target_request_id="x-req", sent_at_ms=0), 4)
+                                           target_request_id="x-req", at_ms=0), 4)
     assert denied.reason == "not_waiting"
 
 
@@ -253,7 +253,7 @@ def test_revoke_takes_leases_and_waits_and_hands_off() -> None:
     (v,) = h.acquire("victim", 0)
     h.acquire("other", 1, wait=60_000)
     events = h.send(LockRevokeRequested(request_id="rv", resource=RES, agent_id="victim", reason="deadlock_victim",
-                                        requested_by="deadlock-detector", sent_at_ms=0), 2)
+                                        requested_by="deadlock-detector", at_ms=0), 2)
     (revoked,) = only(events, LockRevoked)
     assert revoked.token == v.token and revoked.reason == "deadlock_victim"
     (g,) = only(events, LockGranted)
@@ -343,7 +343,7 @@ def test_the_clock_never_goes_back() -> None:
     (g,) = h.acquire("alpha", 10_000, ttl=5_000)
     # A command stamped earlier than the book's clock is decided at the book's clock.
     (r,) = h.renew("alpha", g.token, 1)
-    assert r.decided_at_ms == 10_000 and r.expires_at_ms == 15_000
+    assert r.at_ms == 10_000 and r.expires_at_ms == 15_000
 
 
 def test_every_event_names_its_cause() -> None:
@@ -377,7 +377,7 @@ def test_a_grant_handed_on_by_a_tick_reports_the_current_version() -> None:
     h = Harness()
     h.acquire("holder", 0, ttl=1_000)
     h.acquire("waiter", 0, wait=5_000)
-    events = step(h.book, LockTick(tick_id="t", partition=0, sent_at_ms=0), 2_000,
+    events = step(h.book, LockTick(request_id="t", partition=0, at_ms=0), 2_000,
                   Cause(topic="cmds", partition=0, offset=99), h.rules, version=7)
     assert only(events, LockGranted)[0].resource_version == 7
 
@@ -403,9 +403,9 @@ def test_a_cancels_and_a_revokes_id_belongs_to_its_sender() -> None:
     h.acquire("waiter", 1, wait=60_000)
     (waiter,) = h.book.queue
     h.send(LockCancelRequested(request_id="cancel-1", agent_id="waiter", resource=RES,
-                               target_request_id=waiter.request_id, sent_at_ms=0), 2)
+                               target_request_id=waiter.request_id, at_ms=0), 2)
     h.send(LockRevokeRequested(request_id="revoke-1", resource=RES, agent_id="holder", reason="stuck",
-                               requested_by="admin", sent_at_ms=0), 3)
+                               requested_by="admin", at_ms=0), 3)
     for taken in ("cancel-1", "revoke-1"):
         (denied,) = h.acquire("other", 4, request_id=taken)
         assert isinstance(denied, LockDenied) and denied.reason == "request_id_taken", taken
@@ -434,7 +434,7 @@ def test_a_waiter_handed_the_lease_keeps_the_send_time_of_its_request() -> None:
     h.acquire("x", 20)  # busy: the holder's id is forgotten
     h.acquire("y", 30)  # busy: the waiter's id is forgotten while it waits
     release = LockReleaseRequested(request_id=h.rid(), agent_id="holder", resource=RES, token=held.token,
-                                   sent_at_ms=32)
+                                   at_ms=32)
     events = h.send(release, 40, as_sent=True)  # the hand-off is decided at 40
     assert [type(e) for e in events if isinstance(e, LockGranted)] == [LockGranted]
     h.acquire("z", 50)
@@ -442,7 +442,7 @@ def test_a_waiter_handed_the_lease_keeps_the_send_time_of_its_request() -> None:
     assert h.book.forgotten_sent_ms is not None and h.book.forgotten_sent_ms < 40, \
         "the floor of forgotten ids moved to the hand-off's time"
     late = LockRequested(request_id=h.rid(), agent_id="late", resource=RES, mode="exclusive", ttl_ms=1000,
-                         wait_ms=0, sent_at_ms=36)
+                         wait_ms=0, at_ms=36)
     (answer,) = h.send(late, 70, as_sent=True)
     assert isinstance(answer, LockDenied) and answer.reason == "busy", answer
 
@@ -488,7 +488,7 @@ def test_a_burst_of_stale_re_sends_leaves_the_memory_and_the_floor_as_they_were(
     forgotten = [c for c in h.sent if not isinstance(c, LockTick) and not _live(h.book, c)]
     assert forgotten and h.book.forgotten_sent_ms is not None
     for command in forgotten * copies:
-        assert command.sent_at_ms <= h.book.forgotten_sent_ms
+        assert command.at_ms <= h.book.forgotten_sent_ms
         (refused,) = h.send(command, now, as_sent=True)
         assert isinstance(refused, LockDenied) and refused.reason == "request_expired", refused
         assert h.book.to_dict() == before
@@ -503,7 +503,7 @@ def test_a_command_sent_far_ahead_is_refused_and_never_raises_the_floor() -> Non
     the resource for ten years. Sent again in time, it is decided, as its refusal advises."""
     h = Harness(LeaseRules(max_remembered_ids=4, clock_skew_ms=60_000))
     ahead = LockRequested(request_id="ahead", agent_id="skewed", resource=RES, mode="exclusive", ttl_ms=1_000,
-                          wait_ms=0, sent_at_ms=10 * 365 * 86_400_000)
+                          wait_ms=0, at_ms=10 * 365 * 86_400_000)
     (refused,) = h.send(ahead, 0, as_sent=True)
     assert isinstance(refused, LockDenied) and refused.reason == "clock_skew"
     now = 0
@@ -512,7 +512,7 @@ def test_a_command_sent_far_ahead_is_refused_and_never_raises_the_floor() -> Non
         (granted,) = only(h.acquire("a", now, ttl=1_000), LockGranted)
         assert isinstance(h.release("a", granted.token, now + 1)[-1], LockReleased)
     assert (h.book.forgotten_sent_ms or 0) <= now
-    (again,) = h.send(ahead.model_copy(update={"sent_at_ms": now + 10}), now + 10, as_sent=True)
+    (again,) = h.send(ahead.model_copy(update={"at_ms": now + 10}), now + 10, as_sent=True)
     assert isinstance(again, LockGranted) and again.request_id == "ahead"
 
 
@@ -567,7 +567,7 @@ def _hand_offs(rounds: int, fused: bool, rules: LeaseRules) -> LeaseBook:
     book, cause = new_book(RES), Cause(topic="cmds", partition=0, offset=0)
 
     def send(command: Any) -> list[LockEvent]:
-        now = command.sent_at_ms
+        now = command.at_ms
         if fused:
             return step(book, command, now, cause, rules)
         decide(book, command, now, cause, rules)
@@ -578,7 +578,7 @@ def _hand_offs(rounds: int, fused: bool, rules: LeaseRules) -> LeaseBook:
 
     def queue_up(agent: str, at: int, priority: int = 1, wait: int = 600_000) -> list[LockEvent]:
         return send(LockRequested(request_id=f"q{at}", agent_id=agent, resource=RES, mode="exclusive",
-                                  ttl_ms=600_000, wait_ms=wait, priority=priority, sent_at_ms=at))
+                                  ttl_ms=600_000, wait_ms=wait, priority=priority, at_ms=at))
 
     queue_up("a", 0)
     queue_up("patient", 1, priority=0, wait=500_000)
@@ -586,7 +586,7 @@ def _hand_offs(rounds: int, fused: bool, rules: LeaseRules) -> LeaseBook:
     for r in range(rounds):
         holder, at = ("a", "b")[r % 2], 3 + 2 * r
         events = send(LockReleaseRequested(request_id=f"x{r}", agent_id=holder, resource=RES, token=r + 1,
-                                           sent_at_ms=at))
+                                           at_ms=at))
         assert [(e.agent_id, e.token) for e in only(events, LockGranted)] == [(("b", "a")[r % 2], r + 2)]
         assert only(queue_up(holder, at + 1), LockQueued)
     return book

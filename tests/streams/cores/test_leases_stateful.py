@@ -100,12 +100,12 @@ class LeaseBookMachine(RuleBasedStateMachine):
     def cancel(self, data: st.DataObject) -> None:
         w = data.draw(st.sampled_from(self.h.book.queue))
         self.feed(self.h.send(LockCancelRequested(request_id=self.h.rid(), agent_id=w.agent_id, resource="account:482",
-                                                  target_request_id=w.request_id, sent_at_ms=0), self.now))
+                                                  target_request_id=w.request_id, at_ms=0), self.now))
 
     @rule(agent=st.sampled_from(AGENTS))
     def revoke(self, agent: str) -> None:
         self.feed(self.h.send(LockRevokeRequested(request_id=self.h.rid(), resource="account:482", agent_id=agent,
-                                                  reason="test", requested_by="operator:test", sent_at_ms=0),
+                                                  reason="test", requested_by="operator:test", at_ms=0),
                               self.now))
 
     @rule(dt=st.integers(0, 40))

@@ -67,16 +67,16 @@ class Runner:
                                      token=self.token, mode="exclusive", expires_at_ms=1, resource_version=3,
                                      holders=[Holder(agent_id=SAGA, request_id=lock.request_id, token=self.token,
                                                      mode="exclusive", expires_at_ms=1)],
-                                     decided_at_ms=0, cause=CAUSE))
+                                     at_ms=0, cause=CAUSE))
 
     def applied(self, intent: ToolIntent) -> list[Record]:
         return self.feed(ToolApplied(intent_id=intent.intent_id, agent_id=SAGA, resource=intent.resource,
                                      tool=intent.tool, token=intent.token, version=4, content_hash="h",
-                                     result_json="{}", decided_at_ms=0, cause=CAUSE))
+                                     result_json="{}", at_ms=0, cause=CAUSE))
 
     def rejected(self, intent: ToolIntent, reason: str = "tool_failed") -> list[Record]:
         return self.feed(ToolRejected(intent_id=intent.intent_id, agent_id=SAGA, resource=intent.resource,
-                                      tool=intent.tool, reason=reason, diagnostic_json="{}", decided_at_ms=0,
+                                      tool=intent.tool, reason=reason, diagnostic_json="{}", at_ms=0,
                                       cause=CAUSE))
 
 
@@ -212,7 +212,7 @@ def test_a_lease_the_configuration_refuses_ends_the_saga_instead_of_looping() ->
     r.step(0)
     (lock,) = r.feed(abort())
     (finished,) = r.feed(LockDenied(request_id=lock.request_id, agent_id=SAGA, resource=lock.resource,
-                                    reason="invalid_ttl", detail="{}", decided_at_ms=0, cause=CAUSE))
+                                    reason="invalid_ttl", detail="{}", at_ms=0, cause=CAUSE))
     assert isinstance(finished, SagaFinished) and finished.outcome == COMPENSATION_FAILED
 
 
@@ -244,7 +244,7 @@ def test_a_compensation_taken_out_of_the_queue_asks_again_then_gives_up_for_a_hu
         assert lock.request_id.split("|")[-2] == str(attempt)
         (lock,) = r.feed(LockCancelled(request_id=lock.request_id, agent_id=SAGA, resource=lock.resource,
                                        reason="deadlock_victim", by_request_id="v", by_agent_id="deadlock-detector",
-                                       decided_at_ms=0, cause=CAUSE))
+                                       at_ms=0, cause=CAUSE))
         if isinstance(lock, SagaFinished):
             break
     assert isinstance(lock, SagaFinished) and lock.outcome == COMPENSATION_FAILED
@@ -255,7 +255,7 @@ def test_a_compensation_taken_out_of_the_queue_asks_again_then_gives_up_for_a_hu
     (lock,) = r.feed(abort())
     (intent,) = r.grant(lock)
     late = LockDenied(request_id=lock.request_id, agent_id=SAGA, resource=lock.resource, reason="request_id_taken",
-                      detail="{}", decided_at_ms=0, cause=CAUSE)
+                      detail="{}", at_ms=0, cause=CAUSE)
     assert r.feed(late) == [], "the lease was granted: a refusal of its request id again ends nothing"
     outputs = r.applied(intent)
     assert isinstance(outputs[-1], SagaFinished) and outputs[-1].outcome == COMPENSATED

@@ -57,7 +57,7 @@ def register(registry: Registry, record: IdentityRegistered, by: Signer = ADMIN)
 
 def request(agent: str = "alice", resource: str = "ticket:1", **changes: Any) -> LockRequested:
     values: dict[str, Any] = dict(request_id="r1", agent_id=agent, resource=resource, mode="exclusive", ttl_ms=1000,
-                                  sent_at_ms=1)
+                                  at_ms=1)
     values.update(changes)
     return LockRequested(**values)
 
@@ -167,7 +167,7 @@ def test_the_registry_applies_only_what_an_admin_signed(registry: Registry) -> N
 
 @pytest.mark.parametrize("status", [ROTATED, REVOKED])
 def test_a_rotated_or_revoked_key_verifies_only_before_its_end(registry: Registry, alice: Signer, status: str) -> None:
-    assert register(registry, entry(alice, status=status, ended_at_ms=1_000)) is None
+    assert register(registry, entry(alice, status=status, valid_until_ms=1_000)) is None
     key, value, headers = signed(alice, request())
     assert isinstance(registry.verify(TOPIC, key, value, headers, appended_at_ms=999), Verified)
     late = registry.verify(TOPIC, key, value, headers, appended_at_ms=1_000)
@@ -179,7 +179,7 @@ def test_one_key_registered_twice_at_once_is_a_repeat_in_either_order(alice: Sig
     """Two processes that register one key at once write two records that differ only in when they were
     written, and either may reach the log first: the second is a no-op, never a refusal (which the audit
     would call an intrusion), and the record in effect stays."""
-    ended = {"ended_at_ms": 9_000} if status != ACTIVE else {}
+    ended = {"valid_until_ms": 9_000} if status != ACTIVE else {}
     first = entry(alice, status=status, valid_from_ms=1_022, at_ms=1_022, **ended)
     second = entry(alice, status=status, valid_from_ms=1_000, at_ms=1_000, **ended)
     for one, other in ((first, second), (second, first)):
@@ -189,7 +189,7 @@ def test_one_key_registered_twice_at_once_is_a_repeat_in_either_order(alice: Sig
         assert registry.entries[alice.key_id] == one and not registry.refused
     # What differs in substance is still judged by the rule that records only move forward.
     registry = Registry([ADMIN.public_raw])
-    assert register(registry, entry(alice, status=REVOKED, ended_at_ms=5_000, at_ms=2_000)) is None
+    assert register(registry, entry(alice, status=REVOKED, valid_until_ms=5_000, at_ms=2_000)) is None
     assert isinstance(register(registry, entry(alice, at_ms=3_000)), Refused)
     assert isinstance(register(registry, entry(alice, allow=["doc:"], at_ms=1)), Refused)
     assert registry.repeats == 0 and registry.entries[alice.key_id].status == REVOKED
@@ -197,7 +197,7 @@ def test_one_key_registered_twice_at_once_is_a_repeat_in_either_order(alice: Sig
 
 def test_an_anchor_signs_as_admin_without_a_registry_record(registry: Registry) -> None:
     revoke = LockRevokeRequested(request_id="o1", resource="ticket:1", agent_id="alice", reason="stuck",
-                                 requested_by="admin", sent_at_ms=1)
+                                 requested_by="admin", at_ms=1)
     key, value, headers = signed(ADMIN, revoke)
     verdict = registry.verify(TOPIC, key, value, headers, appended_at_ms=100)
     assert isinstance(verdict, Verified) and verdict.role == "admin"
@@ -248,10 +248,10 @@ def step(**changes: Any) -> SagaStep:
 
 
 REVOKE = LockRevokeRequested(request_id="o1", resource="ticket:1", agent_id="bob", reason="stuck",
-                             requested_by="admin", sent_at_ms=1)
-TICK = LockTick(tick_id="t", partition=0, sent_at_ms=1)
+                             requested_by="admin", at_ms=1)
+TICK = LockTick(request_id="t", partition=0, at_ms=1)
 LOCK_EDGE = WaitEdgeAdded(edge_id="e", waiter="alice", holder="bob", source="lock", waiter_registered_at_ms=1,
-                          added_at_ms=1)
+                          at_ms=1)
 DELEGATION = LOCK_EDGE.model_copy(update={"edge_id": "delegation|alice|bob|1", "source": "delegation"})
 
 
@@ -260,7 +260,7 @@ DELEGATION = LOCK_EDGE.model_copy(update={"edge_id": "delegation|alice|bob|1", "
     (request(agent="bob"), "acts as 'bob'"),
     (request(resource="doc:1"), "only on resources"),
     (request(request_id="saga:alice/x|lock|0|1"), "namespace"),
-    (LockReleaseRequested(request_id="r", agent_id="bob", resource="ticket:1", token=1, sent_at_ms=1), "acts as"),
+    (LockReleaseRequested(request_id="r", agent_id="bob", resource="ticket:1", token=1, at_ms=1), "acts as"),
     (REVOKE, "only by workers"),
     (TICK, "only by workers"),
     (LOCK_EDGE, "delegation edges"),
@@ -273,9 +273,9 @@ DELEGATION = LOCK_EDGE.model_copy(update={"edge_id": "delegation|alice|bob|1", "
     (CompensationRequested(saga_id="saga:alice/refund:1", reason="x", requested_by="alice", at_ms=1), None),
     (CompensationRequested(saga_id="saga:bob/refund:1", reason="x", requested_by="alice", at_ms=1), "is not"),
     (ToolIntent(intent_id="saga:alice/refund:1|undo|0|1", agent_id="alice", resource="account:alice", tool="t",
-                arguments_json="{}", sent_at_ms=1), "namespace"),
+                arguments_json="{}", at_ms=1), "namespace"),
     (ToolIntent(intent_id="i", agent_id="alice", resource="account:alice", tool="t", arguments_json="{}",
-                is_compensation=True, sent_at_ms=1), "compensations"),
+                is_compensation=True, at_ms=1), "compensations"),
 ])
 def test_an_agent_acts_only_as_itself_on_its_own_prefixes(record: Any, why: str | None) -> None:
     verdict = authorize(ALICE, record)

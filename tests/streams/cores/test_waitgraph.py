@@ -20,12 +20,12 @@ def added(waiter: str, holder: str, *, priority: int = 0, registered: int | None
     return WaitEdgeAdded(edge_id=edge_id or f"{waiter}->{holder}", waiter=waiter, holder=holder, source=source,
                          resource=None, waiter_priority=priority,
                          waiter_registered_at_ms=REGISTERED.get(waiter, 0) if registered is None else registered,
-                         added_at_ms=0)
+                         at_ms=0)
 
 
 def removed(waiter: str, holder: str) -> WaitEdgeRemoved:
     return WaitEdgeRemoved(edge_id=f"{waiter}->{holder}", waiter=waiter, holder=holder, source="delegation",
-                           removed_at_ms=0)
+                           at_ms=0)
 
 
 _APPENDED = itertools.count(1)
@@ -174,9 +174,9 @@ def test_a_lease_books_decisions_sent_again_at_new_positions_change_nothing() ->
     decided = Cause(topic="resource_commands", partition=2, offset=0)
     lock = {"source": "lock", "resource": "account:a"}
     x_added = WaitEdgeAdded(edge_id="lock|x", waiter="ann", holder="bob", waiter_priority=0,
-                            waiter_registered_at_ms=1, added_at_ms=1, cause=decided.model_copy(update={"offset": 10}),
+                            waiter_registered_at_ms=1, at_ms=1, cause=decided.model_copy(update={"offset": 10}),
                             **lock)
-    x_removed = WaitEdgeRemoved(edge_id="lock|x", waiter="ann", holder="bob", removed_at_ms=2,
+    x_removed = WaitEdgeRemoved(edge_id="lock|x", waiter="ann", holder="bob", at_ms=2,
                                 cause=decided.model_copy(update={"offset": 12}), **lock)
     back = added("bob", "ann", edge_id="bob->ann")
 

@@ -85,9 +85,9 @@ def _grant_and_release(book: object, n: int, agent: str = "a") -> None:
     at = 1_000 + 10 * n
     cause = Cause(topic="cmds", partition=0, offset=n)
     [granted] = step(book, LockRequested(request_id=f"acq-{n}", agent_id=agent, resource=book.resource,
-                                         mode="exclusive", ttl_ms=30_000, wait_ms=0, sent_at_ms=at), at, cause)
+                                         mode="exclusive", ttl_ms=30_000, wait_ms=0, at_ms=at), at, cause)
     step(book, LockReleaseRequested(request_id=f"rel-{n}", agent_id=agent, resource=book.resource,
-                                    token=granted.token, sent_at_ms=at), at + 1, cause)  # type: ignore[attr-defined]
+                                    token=granted.token, at_ms=at), at + 1, cause)  # type: ignore[attr-defined]
 
 
 def test_a_books_changelog_writes_what_a_decision_changed_whatever_the_resources_history() -> None:
@@ -388,7 +388,7 @@ async def test_a_busy_worker_carries_on_after_its_broker_is_killed_and_restarted
         for i in range(total):
             key = f"burst:{i}".encode()
             value = codec.encode(LockRequested(request_id=f"r{i}", agent_id=f"agent-{i % 50}", resource=key.decode(),
-                                               mode="exclusive", ttl_ms=600_000, sent_at_ms=sent))
+                                               mode="exclusive", ttl_ms=600_000, at_ms=sent))
             await producer.send(topic, value, key=key, headers=signer.sign(topic, key, value, now_ms()))
         await producer.flush()
         await producer.stop()
@@ -444,7 +444,7 @@ async def test_a_busy_worker_carries_on_after_its_broker_is_killed_and_restarted
         for i in range(total):
             key = f"burst:{i}".encode()
             value = codec.encode(LockRequested(request_id=f"rival{i}", agent_id="rival", resource=key.decode(),
-                                               mode="exclusive", ttl_ms=600_000, wait_ms=0, sent_at_ms=sent))
+                                               mode="exclusive", ttl_ms=600_000, wait_ms=0, at_ms=sent))
             await producer.send(topic, value, key=key, headers=signer.sign(topic, key, value, now_ms()))
         await producer.flush()
         await producer.stop()

@@ -293,12 +293,12 @@ async def test_a_null_key_edge_and_a_lease_request_on_the_saga_topic_are_dead_le
         worker = signer_for(settings.home, ROLE_WORKER)
         try:
             edge = WaitEdgeAdded(edge_id="e", waiter="a", holder="b", source="delegation", resource=None,
-                                 waiter_priority=0, waiter_registered_at_ms=0, added_at_ms=0)
+                                 waiter_priority=0, waiter_registered_at_ms=0, at_ms=0)
             value = codec.encode(edge)
             await producer.send_and_wait(settings.topics.wait_edges, value=value, key=None,
                                          headers=worker.sign(settings.topics.wait_edges, None, value, now_ms()))
             lock = LockRequested(request_id="r", agent_id="a", resource="saga:x", mode="exclusive", ttl_ms=1000,
-                                 wait_ms=0, sent_at_ms=0)
+                                 wait_ms=0, at_ms=0)
             value = codec.encode(lock)
             await producer.send_and_wait(settings.topics.saga_commands, value=value, key=b"saga:x",
                                          headers=worker.sign(settings.topics.saga_commands, b"saga:x", value, now_ms()))

@@ -73,12 +73,12 @@ async def test_malformed_messages_are_dead_lettered_and_the_partition_keeps_flow
     settings = isolated_settings(bootstrap, tmp_path, partitions=1, max_message_bytes=limit)
     await ensure_topics(settings)
     codec = default_codec()
-    good = codec.encode(Ping(ping_id="x", agent_id="nobody", sent_at_ms=0))
+    good = codec.encode(Ping(request_id="x", agent_id="nobody", at_ms=0))
     # A well-formed message that belongs on another topic: no resource processor handles it.
     unsupported = codec.encode(SagaFinished(saga_id="s", outcome="COMPLETED", at_ms=0,
                                             cause=Cause(topic="x", partition=0, offset=0)))
     misrouted = codec.encode(LockRequested(request_id="r", agent_id="a", resource="doc:2", mode="exclusive",
-                                           ttl_ms=1000, sent_at_ms=0))
+                                           ttl_ms=1000, at_ms=0))
     oversized = good[:10] + b"\x00" * (limit + 1)
     bad = [
         (b"garbage", "not_single_object"),

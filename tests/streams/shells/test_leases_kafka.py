@@ -122,10 +122,10 @@ async def test_leases_acquire_in_global_order_and_release_in_reverse(
     async with ArbiterClient("orderly", kafka_settings) as client, client.leases(names, ttl=10) as held:
         assert sorted(held) == sorted(names)
     events = [e for e in await read_events(kafka_settings) if getattr(e, "agent_id", None) == "orderly"]
-    grants = sorted((e for e in events if isinstance(e, LockGranted)), key=lambda e: (e.decided_at_ms, e.resource))
+    grants = sorted((e for e in events if isinstance(e, LockGranted)), key=lambda e: (e.at_ms, e.resource))
     releases = [e for e in events if isinstance(e, LockReleased)]
     assert [g.resource for g in grants] == sorted(names)
-    assert [r.resource for r in sorted(releases, key=lambda e: (e.decided_at_ms, [-ord(c) for c in e.resource]))] \
+    assert [r.resource for r in sorted(releases, key=lambda e: (e.at_ms, [-ord(c) for c in e.resource]))] \
         == sorted(names, reverse=True)
 
 

@@ -103,18 +103,18 @@ async def _play(steps: list[tuple[str, str, str]]) -> tuple[_Log, Engine]:
         if kind == "lock":
             await log.send(topics.resource_commands, other.encode(), LockRequested(
                 request_id=f"q{n}", agent_id=agent, resource=other, mode="exclusive", ttl_ms=600_000,
-                wait_ms=600_000, sent_at_ms=log.now))
+                wait_ms=600_000, at_ms=log.now))
         elif kind == "release":
             book = engine.books.get(other.encode())
             tokens = [t for t, lease in (book.holders.items() if book else ()) if lease.agent_id == agent]
             if tokens:
                 await log.send(topics.resource_commands, other.encode(), LockReleaseRequested(
-                    request_id=f"r{n}", agent_id=agent, resource=other, token=tokens[0], sent_at_ms=log.now))
+                    request_id=f"r{n}", agent_id=agent, resource=other, token=tokens[0], at_ms=log.now))
         elif kind == "wait":
             # The same id each time a waiter waits on a holder again: ids recur, as lock edges' do.
             await log.send(topics.wait_edges, GRAPH, WaitEdgeAdded(
                 edge_id=f"delegate|{agent}|{other}", waiter=agent, holder=other, source="delegation",
-                waiter_registered_at_ms=0, added_at_ms=log.now))
+                waiter_registered_at_ms=0, at_ms=log.now))
         elif kind == "write":
             book = engine.books.get(other.encode())
             tokens = [t for t, lease in (book.holders.items() if book else ()) if lease.agent_id == agent]
@@ -122,7 +122,7 @@ async def _play(steps: list[tuple[str, str, str]]) -> tuple[_Log, Engine]:
             await log.send(topics.resource_commands, other.encode(), ToolIntent(
                 intent_id=f"w{n}", agent_id=agent, resource=other, token=tokens[0] if tokens else None,
                 base_version=content.version if content else 0, tool="refund", arguments_json="{}",
-                sent_at_ms=log.now))
+                at_ms=log.now))
         elif kind in ("step", "finish"):
             saga = f"saga:{agent}/work:1"
             await log.send(topics.saga_commands, saga.encode(), SagaStep(
@@ -135,18 +135,18 @@ async def _play(steps: list[tuple[str, str, str]]) -> tuple[_Log, Engine]:
                 saga_id=saga, reason="test", requested_by=agent, at_ms=log.now))
         elif kind == "stray":
             await log.send(topics.resource_commands, other.encode(), LockReleaseRequested(
-                request_id=f"s{n}", agent_id=agent, resource=other, token=1, sent_at_ms=log.now))
+                request_id=f"s{n}", agent_id=agent, resource=other, token=1, at_ms=log.now))
             await log.send(topics.resource_commands, other.encode(), LockCancelRequested(
                 request_id=f"c{n}", agent_id=agent, resource=other, target_request_id=f"q{n + 1}",
-                sent_at_ms=log.now))
+                at_ms=log.now))
         elif kind == "revoke":
             await log.send(topics.resource_commands, other.encode(), LockRevokeRequested(
                 request_id=f"v{n}", resource=other, agent_id=agent, reason="deadlock_victim",
-                requested_by="deadlock-detector", sent_at_ms=log.now))
+                requested_by="deadlock-detector", at_ms=log.now))
         else:
             await log.send(topics.wait_edges, GRAPH, WaitEdgeRemoved(
                 edge_id=f"delegate|{agent}|{other}", waiter=agent, holder=other, source="delegation",
-                removed_at_ms=log.now))
+                at_ms=log.now))
     return log, engine
 
 

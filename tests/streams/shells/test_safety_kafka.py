@@ -99,7 +99,7 @@ async def test_a_signed_command_on_any_wrong_partition_is_refused_misrouted_and_
     home = partition_for(resource.encode(), PARTITIONS)
     wrong = [p for p in range(PARTITIONS) if p != home]
     request = LockRequested(request_id=uuid.uuid4().hex, agent_id="alice", resource=resource, mode="exclusive",
-                            ttl_ms=60_000, wait_ms=0, sent_at_ms=now_ms())
+                            ttl_ms=60_000, wait_ms=0, at_ms=now_ms())
     value = CODEC.encode(request)
     headers = alice.sign(topic, resource.encode(), value, now_ms())
     others = [request.model_copy(update={"request_id": uuid.uuid4().hex}) for _ in wrong]
@@ -193,11 +193,11 @@ async def test_broken_signature_headers_of_every_kind_are_dead_lettered_and_no_w
     records = [
         (t.resource_commands, resource.encode(),
          LockRequested(request_id=uuid.uuid4().hex, agent_id="alice", resource=resource, mode="exclusive",
-                       ttl_ms=60_000, wait_ms=0, sent_at_ms=now_ms())),
+                       ttl_ms=60_000, wait_ms=0, at_ms=now_ms())),
         (t.wait_edges, settings.graph_key.encode(),
          WaitEdgeAdded(edge_id=f"delegation|alice|bob|{uuid.uuid4().hex}", waiter="alice", holder="bob",
                        source="delegation", resource=None, waiter_priority=0, waiter_registered_at_ms=0,
-                       added_at_ms=now_ms())),
+                       at_ms=now_ms())),
         (t.saga_commands, saga_id.encode(),
          SagaStep(saga_id=saga_id, step=1, agent_id="alice", status="applied", intent_id=uuid.uuid4().hex,
                   resource=resource, tool="refund", arguments_json="{}", at_ms=now_ms())),
@@ -248,10 +248,10 @@ async def test_forged_grants_and_writes_on_the_events_topic_fail_only_authentica
         cause = Cause(topic=t.resource_commands, partition=partition_for(resource.encode(), PARTITIONS), offset=0)
         forged_grant = LockGranted(request_id=uuid.uuid4().hex, agent_id="mallory", resource=resource, token=999,
                                    mode="exclusive", expires_at_ms=now_ms() + 3_600_000, holders=[],
-                                   resource_version=0, decided_at_ms=now_ms(), cause=cause)
+                                   resource_version=0, at_ms=now_ms(), cause=cause)
         forged_write = ToolApplied(intent_id=uuid.uuid4().hex, agent_id="mallory", resource=resource, tool="refund",
                                    token=999, version=99, content_hash="f" * 32, result_json="{}",
-                                   decided_at_ms=now_ms(), cause=cause)
+                                   at_ms=now_ms(), cause=cause)
         async with Wire(settings) as wire:
             for record, signer in ((forged_grant, mallory), (forged_grant, None), (forged_write, mallory),
                                    (forged_write, Signer.generate("worker"))):
@@ -288,7 +288,7 @@ def test_a_tick_names_its_partition() -> None:
     """(The rule the workers apply to ticks, without a broker: a tick decides only its own partition.)"""
     from arbiter.streams.shells.pipeline import RawInput, route_problem
 
-    tick = LockTick(tick_id="t", partition=2, sent_at_ms=0)
+    tick = LockTick(request_id="t", partition=2, at_ms=0)
     at = RawInput("commands", 2, 0, TICK_KEY, b"", (), 1)
     assert route_problem(at, tick, 4) is None
     assert route_problem(RawInput("commands", 3, 0, TICK_KEY, b"", (), 1), tick, 4) is not None

@@ -41,7 +41,7 @@ def test_saga_keys_must_be_utf8_saga_ids_matching_the_record() -> None:
     assert saga_key_problem(b"other", step("other")).reason == "key_mismatch"  # type: ignore[union-attr]
     assert saga_key_problem(None, step("saga:x")).reason == "key_mismatch"  # type: ignore[union-attr]
     # Not UTF-8, and a record without a saga id: dead-lettered, not a crash loop.
-    ping = Ping(ping_id="p", agent_id="a", sent_at_ms=0)
+    ping = Ping(request_id="p", agent_id="a", at_ms=0)
     assert saga_key_problem(b"saga:\xff", ping).reason == "key_mismatch"  # type: ignore[union-attr]
 
 
@@ -113,9 +113,9 @@ def test_records_of_another_topic_are_refused_not_decided(topic: str) -> None:
     shell = engine.pipeline.shells.for_topic(name)
     assert shell is not None
     lock = LockRequested(request_id="r", agent_id="a", resource="saga:x", mode="exclusive", ttl_ms=1000,
-                         wait_ms=0, sent_at_ms=1_000_000)
+                         wait_ms=0, at_ms=1_000_000)
     edge = WaitEdgeAdded(edge_id="e", waiter="a", holder="b", source="delegation", resource=None,
-                         waiter_priority=0, waiter_registered_at_ms=0, added_at_ms=0)
+                         waiter_priority=0, waiter_registered_at_ms=0, at_ms=0)
     cause = Cause(topic=name, partition=0, offset=0)
     for record, home in ((lock, "resource_commands"), (edge, "wait_edges")):
         problem = asyncio.run(shell.handle(b"saga:x" if topic == "saga_commands" else None, record, 1_000_000,

@@ -103,12 +103,12 @@ class Rig:
 
     def lease(self, agent: str, ttl_ms: int = 60_000) -> int:
         granted = self(LockRequested(request_id=f"l-{agent}-{self.offset}", agent_id=agent, resource=REPO,
-                                     mode="shared", ttl_ms=ttl_ms, sent_at_ms=T0))
+                                     mode="shared", ttl_ms=ttl_ms, at_ms=T0))
         return next(e.token for e in granted if type(e).__name__ == "LockGranted")  # type: ignore[attr-defined]
 
     def merge(self, agent: str, token: int, intent_id: str = "") -> list[Record]:
         return self(ToolIntent(intent_id=intent_id or f"m-{agent}", agent_id=agent, resource=REPO, token=token,
-                               tool="merge", arguments_json=json.dumps({"message": agent}), sent_at_ms=T0))
+                               tool="merge", arguments_json=json.dumps({"message": agent}), at_ms=T0))
 
     def verdict(self, intent_id: str, base: str, passed: bool = True, conflicts: list[str] | None = None,
                 digest: str = DIGEST, stopped: str = "") -> list[Record]:
@@ -116,7 +116,7 @@ class Rig:
                                  intent_id=intent_id, base=base, commit=commit_of(intent_id, base),
                                  tree=f"t-{commit_of(intent_id, base)}", check_digest=digest, passed=passed,
                                  conflicts=conflicts or [], exit_code=0 if passed else 1, stopped=stopped,
-                                 output_digest="o", output_bytes=0, output_tail="", seconds_ms=1000, sent_at_ms=T0))
+                                 output_digest="o", output_bytes=0, output_tail="", seconds_ms=1000, at_ms=T0))
 
     def train(self) -> Train:
         content = self.shell.contents[REPO.encode()]
@@ -154,7 +154,7 @@ def test_a_merge_whose_lease_died_leaves_the_train_wherever_it_is() -> None:
     ann, bob = rig.lease("ann"), rig.lease("bob", ttl_ms=1_000)
     rig.merge("ann", ann)
     rig.merge("bob", bob)
-    left = rig(LockReleaseRequested(request_id="rel", agent_id="bob", resource=REPO, token=bob, sent_at_ms=T0), 10)
+    left = rig(LockReleaseRequested(request_id="rel", agent_id="bob", resource=REPO, token=bob, at_ms=T0), 10)
     gone = [r for r in left if isinstance(r, ToolRejected)]
     assert [(r.intent_id, r.reason) for r in gone] == [("m-bob", "lease_not_live")], left
     assert [e.intent_id for e in rig.train().entries] == ["m-ann"]

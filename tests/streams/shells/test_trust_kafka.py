@@ -268,9 +268,9 @@ async def test_impersonation_is_refused_and_alice_keeps_her_lease_and_her_money(
         sent: list[tuple[bytes, str, str, str]] = []  # value, answered id, reason, detail
         for label, signer, reason, detail in signers:
             release = LockReleaseRequested(request_id=fresh(f"release-{label}"), agent_id="alice", resource=resource,
-                                           token=lease.token, sent_at_ms=now_ms())
+                                           token=lease.token, at_ms=now_ms())
             renew = LockRenewRequested(request_id=fresh(f"renew-{label}"), agent_id="alice", resource=resource,
-                                       token=lease.token, ttl_ms=1, sent_at_ms=now_ms())  # would end it at once
+                                       token=lease.token, ttl_ms=1, at_ms=now_ms())  # would end it at once
             for command in (release, renew):
                 value = await wire.send(commands, resource.encode(), command, signer)
                 sent.append((value, command.request_id, reason, detail))
@@ -278,11 +278,11 @@ async def test_impersonation_is_refused_and_alice_keeps_her_lease_and_her_money(
         for label, signer, reason, detail in signers[:2]:
             intent = ToolIntent(intent_id=fresh(f"steal-{label}"), agent_id="alice", resource=resource,
                                 token=lease.token, base_version=base, tool="transfer",
-                                arguments_json=json.dumps({"to": "mallory", "amount": 5_000}), sent_at_ms=now_ms())
+                                arguments_json=json.dumps({"to": "mallory", "amount": 5_000}), at_ms=now_ms())
             value = await wire.send(commands, resource.encode(), intent, signer)
             sent.append((value, intent.intent_id, reason, detail))
         # Mallory may not even read a resource outside her prefixes (no answer; the dead letter says why).
-        peek = SnapshotRequested(request_id=fresh("peek"), agent_id="mallory", resource=resource, sent_at_ms=now_ms())
+        peek = SnapshotRequested(request_id=fresh("peek"), agent_id="mallory", resource=resource, at_ms=now_ms())
         peek_value = await wire.send(commands, resource.encode(), peek, mallory)
 
         letters = await dead_letters(settings, [value for value, *_ in sent] + [peek_value])
@@ -345,10 +345,10 @@ async def test_forged_decisions_in_alices_inbox_are_ignored(kafka_settings: Sett
                             mode="exclusive", expires_at_ms=now + 60_000,
                             holders=[Holder(agent_id="alice", request_id=request_id, token=held.token + 100,
                                             mode="exclusive", expires_at_ms=now + 60_000)],
-                            resource_version=0, request_sent_at_ms=now, decided_at_ms=now,
+                            resource_version=0, request_sent_at_ms=now, at_ms=now,
                             cause=inbox_cause(settings))
         denial = LockDenied(request_id=request_id, agent_id="alice", resource=resource, reason="busy",
-                            detail="{}", request_sent_at_ms=now, decided_at_ms=now, cause=inbox_cause(settings))
+                            detail="{}", request_sent_at_ms=now, at_ms=now, cause=inbox_cause(settings))
         forgeries: list[tuple[Record, Signer | None]] = [
             (grant, None),
             (grant, mallory),
@@ -383,7 +383,7 @@ async def test_a_forged_deadlock_notice_does_not_abort_alices_saga(kafka_setting
         cycle = ["alice", "carol", "alice"]
         notice = DeadlockDetected(detection_id=fresh("forged"), victim="alice", cycle=cycle,
                                   cycle_json=json.dumps(cycle), message="you are the victim: abort",
-                                  saga_id=saga.saga_id, decided_at_ms=now_ms(),
+                                  saga_id=saga.saga_id, at_ms=now_ms(),
                                   cause=Cause(topic=settings.topics.wait_edges, partition=0, offset=0))
         for count, signer in enumerate((None, mallory, Signer("worker", mallory.private_key)), start=1):
             await wire.to_inbox("alice", notice, signer)
@@ -411,13 +411,13 @@ async def test_processor_commands_signed_by_an_agent_are_forbidden(kafka_setting
         # The lease book's edges (source "lock"), closing a cycle that would make someone a victim.
         edges = [WaitEdgeAdded(edge_id=f"lock|{resource}|{fresh('r')}|{holder}", waiter=waiter, holder=holder,
                                source="lock", resource=resource, waiter_priority=0, waiter_registered_at_ms=0,
-                               added_at_ms=now) for waiter, holder in (("mallory", "alice"), ("alice", "mallory"))]
+                               at_ms=now) for waiter, holder in (("mallory", "alice"), ("alice", "mallory"))]
         sent = [await wire.send(topics.wait_edges, settings.graph_key.encode(), edge, mallory) for edge in edges]
         for partition in range(settings.partitions):
-            tick = LockTick(tick_id=fresh("forged-tick"), partition=partition, sent_at_ms=now_ms())
+            tick = LockTick(request_id=fresh("forged-tick"), partition=partition, at_ms=now_ms())
             sent.append(await wire.send(topics.resource_commands, TICK_KEY, tick, mallory, partition=partition))
         revoke = LockRevokeRequested(request_id=fresh("revoke"), resource=resource, agent_id="alice",
-                                     token=lease.token, reason="stuck", requested_by="mallory", sent_at_ms=now_ms())
+                                     token=lease.token, reason="stuck", requested_by="mallory", at_ms=now_ms())
         sent.append(await wire.send(topics.resource_commands, resource.encode(), revoke, mallory))
 
         letters = await dead_letters(settings, sent)
@@ -525,7 +525,7 @@ async def test_ids_in_the_derived_saga_namespace_are_forbidden(kafka_settings: S
         assert (refused.applied, refused.reason) == (False, FORBIDDEN), refused
         assert "namespace" in refused.diagnostic.get("detail", ""), refused.diagnostic
         lock = LockRequested(request_id=f"{claimed}|lock", agent_id="mallory", resource="ticket:mallory-1",
-                             mode="exclusive", ttl_ms=30_000, wait_ms=0, sent_at_ms=now_ms())
+                             mode="exclusive", ttl_ms=30_000, wait_ms=0, at_ms=now_ms())
         value = await wire.send(settings.topics.resource_commands, lock.resource.encode(), lock, signer)
         (letter,) = await dead_letters(settings, [value])
         assert_refused(letter, FORBIDDEN, detail="namespace only the system derives")
@@ -607,7 +607,7 @@ async def test_an_admin_override_is_accepted_and_the_same_revocation_by_an_agent
         sent = []
         for signer, by in ((mallory, "admin"), (mallory, "mallory"), (alice_signer, "alice")):
             revoke = LockRevokeRequested(request_id=fresh("override"), resource=resource, agent_id="alice",
-                                         token=lease.token, reason="stuck", requested_by=by, sent_at_ms=now_ms())
+                                         token=lease.token, reason="stuck", requested_by=by, at_ms=now_ms())
             sent.append(await wire.send(settings.topics.resource_commands, resource.encode(), revoke, signer))
         for letter in await dead_letters(settings, sent):
             assert_refused(letter, FORBIDDEN, detail="sent only by workers or an admin")
@@ -673,20 +673,20 @@ async def test_the_audit_passes_a_log_full_of_refused_attacks(kafka_settings: Se
         sent: list[bytes] = []
         for signer in (None, mallory, Signer.generate("alice")):
             release = LockReleaseRequested(request_id=fresh("release"), agent_id="alice", resource=resource,
-                                           token=lease.token, sent_at_ms=now_ms())
+                                           token=lease.token, at_ms=now_ms())
             sent.append(await wire.send(topics.resource_commands, resource.encode(), release, signer))
         intent = ToolIntent(intent_id=fresh("steal"), agent_id="alice", resource=resource, token=lease.token,
                             base_version=base, tool="transfer", arguments_json=json.dumps({"to": "mallory",
                                                                                            "amount": 1}),
-                            sent_at_ms=now_ms())
+                            at_ms=now_ms())
         sent.append(await wire.send(topics.resource_commands, resource.encode(), intent, mallory))
         revoke = LockRevokeRequested(request_id=fresh("revoke"), resource=resource, agent_id="alice",
-                                     token=lease.token, reason="stuck", requested_by="admin", sent_at_ms=now_ms())
+                                     token=lease.token, reason="stuck", requested_by="admin", at_ms=now_ms())
         sent.append(await wire.send(topics.resource_commands, resource.encode(), revoke, mallory))
-        tick = LockTick(tick_id=fresh("tick"), partition=0, sent_at_ms=now_ms())
+        tick = LockTick(request_id=fresh("tick"), partition=0, at_ms=now_ms())
         sent.append(await wire.send(topics.resource_commands, TICK_KEY, tick, mallory, partition=0))
         edge = WaitEdgeAdded(edge_id=fresh("lock|x"), waiter="mallory", holder="alice", source="lock",
-                             resource=resource, waiter_registered_at_ms=0, added_at_ms=now_ms())
+                             resource=resource, waiter_registered_at_ms=0, at_ms=now_ms())
         sent.append(await wire.send(topics.wait_edges, settings.graph_key.encode(), edge, mallory))
         heist = f"saga:mallory/heist:{uuid.uuid4().hex}"
         step = SagaStep(saga_id=heist, step=0, agent_id="mallory", status="completed", intent_id=fresh("i"),
@@ -694,7 +694,7 @@ async def test_the_audit_passes_a_log_full_of_refused_attacks(kafka_settings: Se
                         compensate_arguments_json=json.dumps({"to": "mallory", "amount": 5_000}), at_ms=now_ms())
         sent.append(await wire.send(topics.saga_commands, heist.encode(), step, mallory))
         claimed = ToolIntent(intent_id=f"saga:alice/x:{uuid.uuid4().hex}|undo|0|1", agent_id="mallory",
-                             resource="account:mallory", tool="transfer", arguments_json="{}", sent_at_ms=now_ms())
+                             resource="account:mallory", tool="transfer", arguments_json="{}", at_ms=now_ms())
         sent.append(await wire.send(topics.resource_commands, b"account:mallory", claimed, mallory))
         letters = await dead_letters(settings, sent)
         assert {letter.reason for letter in letters} == {UNAUTHENTICATED, FORBIDDEN}

@@ -58,7 +58,7 @@ class Tools:
                  **fields: Any) -> tuple[bool, dict[str, Any]]:
         self.count += 1
         intent = ToolIntent(intent_id=intent_id or f"i{self.count}", agent_id=agent, resource="repo:app", tool=tool,
-                            arguments_json=json.dumps(args), token=1, sent_at_ms=0, **fields)
+                            arguments_json=json.dumps(args), token=1, at_ms=0, **fields)
         parsed = self.registry.parse(intent)
         assert not isinstance(parsed, str), parsed
         if tool != "merge":
@@ -164,7 +164,7 @@ def test_refusals_say_what_to_do_and_change_nothing(repo: Path, tmp_path: Path) 
     registry = ToolRegistry()
     register_git_tools(registry, Repos({}))
     intent = ToolIntent(intent_id="u", agent_id="ann", resource="repo:nope", tool="merge",
-                        arguments_json='{"message": "m"}', token=1, sent_at_ms=0)
+                        arguments_json='{"message": "m"}', token=1, at_ms=0)
     parsed = registry.parse(intent)
     assert not isinstance(parsed, str)
     outcome = asyncio.run(registry.join(intent, parsed))
@@ -261,7 +261,7 @@ def test_arguments_that_would_reach_git_as_options_or_commands_are_refused(repo:
                        ("revert_merge", {"merge_intent_id": "x", "target": "main\ndelete refs/heads/main"}),
                        ("sandbox_create", {"base": "--orphan"})]:
         intent = ToolIntent(intent_id=f"bad-{tool}", agent_id="ann", resource="repo:app", tool=tool,
-                            arguments_json=json.dumps(args), token=1, sent_at_ms=0)
+                            arguments_json=json.dumps(args), token=1, at_ms=0)
         parsed = registry.parse(intent)
         if isinstance(parsed, str):
             continue  # refused by the argument schema: invalid_arguments

@@ -38,7 +38,7 @@ def registry(ledger: Ledger) -> ToolRegistry:
 def intent(tool: str, args: dict[str, object], resource: str = "account:cust_8492", intent_id: str = "i1"
            ) -> ToolIntent:
     return ToolIntent(intent_id=intent_id, agent_id="a", resource=resource, token=1, tool=tool,
-                      arguments_json=json.dumps(args), sent_at_ms=0)
+                      arguments_json=json.dumps(args), at_ms=0)
 
 
 def run(registry: ToolRegistry, i: ToolIntent) -> tuple[bool, object]:

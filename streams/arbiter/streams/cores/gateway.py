@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from arbiter.schemas import Cause, ToolApplied, ToolIntent, ToolRejected
+from arbiter.schemas.jsonwire import current_names
 from arbiter.schemas.reasons import OUT_OF_WINDOW, Reason, what_to_do
 from arbiter.streams.cores.fencing import token_problem
 from arbiter.streams.cores.leases import LeaseBook
@@ -159,7 +160,7 @@ class ContentState:
         kinds: dict[str, type[GatewayEvent]] = {"ToolApplied": ToolApplied, "ToolRejected": ToolRejected}
         outcomes: dict[str, GatewayEvent] = {}
         for kind, payload in data["outcomes"]:
-            event = kinds[kind].model_validate(payload)
+            event = kinds[kind].model_validate(current_names(kinds[kind], payload))  # (written before a rename)
             outcomes[event.intent_id] = event
         return cls(
             resource=data["resource"],
@@ -219,7 +220,7 @@ def reject(content: ContentState, book: LeaseBook, intent: ToolIntent, reason: R
     }
     return ToolRejected(intent_id=intent.intent_id, agent_id=intent.agent_id, resource=intent.resource,
                         tool=intent.tool, reason=reason.value, diagnostic_json=json.dumps(diagnostic, sort_keys=True),
-                        request_sent_at_ms=intent.sent_at_ms, decided_at_ms=now_ms, cause=cause)
+                        request_sent_at_ms=intent.at_ms, at_ms=now_ms, cause=cause)
 
 
 def changes_since(content: ContentState, base_version: int) -> tuple[list[dict[str, Any]], bool]:
@@ -253,12 +254,12 @@ def _id_problem(content: ContentState, intent: ToolIntent, now_ms: int, rules: G
     floor = now_ms - rules.id_window_ms
     if content.forgotten_sent_ms is not None:
         floor = max(floor, content.forgotten_sent_ms)
-    if intent.sent_at_ms <= floor:
+    if intent.at_ms <= floor:
         return Reason.REQUEST_EXPIRED, {"refused_at_or_before_ms": floor, "id_window_ms": rules.id_window_ms,
-                                        "sent_at_ms": intent.sent_at_ms}
-    if intent.sent_at_ms > now_ms + rules.clock_skew_ms:
+                                        "at_ms": intent.at_ms}
+    if intent.at_ms > now_ms + rules.clock_skew_ms:
         return Reason.CLOCK_SKEW, {"broker_time_ms": now_ms, "clock_skew_ms": rules.clock_skew_ms,
-                                   "sent_at_ms": intent.sent_at_ms}
+                                   "at_ms": intent.at_ms}
     return None
 
 
@@ -350,7 +351,7 @@ def complete(
                            tool=intent.tool, token=intent.token, arguments_json=intent.arguments_json,
                            version=content.version + 1,
                            content_hash=next_hash(content.content_hash, intent), result_json=outcome.result_json,
-                           request_sent_at_ms=intent.sent_at_ms, decided_at_ms=now_ms, cause=cause)
+                           request_sent_at_ms=intent.at_ms, at_ms=now_ms, cause=cause)
     details = {key: value for key, value in outcome.details if key not in RESERVED_KEYS}
     reason = Reason(outcome.reason) if outcome.reason in _CODES else Reason.TOOL_FAILED
     if reason != Reason.TOOL_FAILED:
@@ -377,7 +378,7 @@ def evolve(content: ContentState, event: GatewayEvent, rules: GatewayRules | Non
         del content.history[:-limits.history_limit]
         content.version = event.version
         content.content_hash = event.content_hash
-    content.clock_ms = max(content.clock_ms, event.decided_at_ms)
+    content.clock_ms = max(content.clock_ms, event.at_ms)
     outcomes = content.outcomes
     if event.intent_id in outcomes:
         return content
@@ -400,4 +401,4 @@ def evolve(content: ContentState, event: GatewayEvent, rules: GatewayRules | Non
 
 def _sent_at(event: GatewayEvent) -> int:
     """When the intent an outcome answers was sent (version-1 events: when it was decided)."""
-    return event.request_sent_at_ms if event.request_sent_at_ms is not None else event.decided_at_ms
+    return event.request_sent_at_ms if event.request_sent_at_ms is not None else event.at_ms

@@ -430,7 +430,7 @@ def _granted(book: LeaseBook, event: Any) -> None:
     book._changing_holders()
     book.holders[event.token] = Lease(
         event.token, event.agent_id, event.request_id, event.mode,
-        event.expires_at_ms - event.decided_at_ms, event.expires_at_ms,
+        event.expires_at_ms - event.at_ms, event.expires_at_ms,
     )
     if event.token > book.last_token:
         book.last_token = event.token
@@ -452,7 +452,7 @@ def _edge_changed(book: LeaseBook, event: Any) -> None:
 def _queued(book: LeaseBook, event: Any) -> None:
     book.seq += 1
     waiter = Waiter(event.request_id, event.agent_id, event.mode, event.ttl_ms, event.priority, book.seq,
-                    event.wait_deadline_ms, event.decided_at_ms, event.saga_id)
+                    event.wait_deadline_ms, event.at_ms, event.saga_id)
     queue = book.queue
     position = bisect.bisect_right(queue, _rank(waiter), key=_rank)
     queue.insert(position, waiter)
@@ -474,7 +474,7 @@ def _renewed(book: LeaseBook, event: Any) -> None:
     book._changing_holders()
     lease = book.holders[event.token]
     book.holders[event.token] = replace(
-        lease, expires_at_ms=event.expires_at_ms, ttl_ms=event.expires_at_ms - event.decided_at_ms
+        lease, expires_at_ms=event.expires_at_ms, ttl_ms=event.expires_at_ms - event.at_ms
     )
 
 
@@ -515,14 +515,8 @@ _ANSWER_TYPES = frozenset(_ANSWERS)
 
 def _stamp(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
     """Advance the book's clock and remember the deciding request (not the holders/queue)."""
-    if isinstance(event, WaitEdgeAdded):
-        stamp = event.added_at_ms
-    elif isinstance(event, WaitEdgeRemoved):
-        stamp = event.removed_at_ms
-    else:
-        stamp = event.decided_at_ms
-    if stamp > book.clock_ms:
-        book.clock_ms = stamp
+    if event.at_ms > book.clock_ms:  # (every record's own time is at_ms)
+        book.clock_ms = event.at_ms
     if type(event) in _ANSWER_TYPES:
         _remember(book, event, rules)
 
@@ -541,7 +535,7 @@ def _remember(book: LeaseBook, event: LockEvent, rules: LeaseRules) -> None:
             # by the LockQueued that answered it first (recording it again at the grant's time would
             # move the floor of forgotten ids to that time). Or it is a logged version-1 event.
             return
-        sent = answer.decided_at_ms  # version 1: the nearest time known
+        sent = answer.at_ms  # version 1: the nearest time known
     if by_command:
         request_id = answer.by_request_id or answer.request_id
         sender = answer.by_agent_id or ""  # "" (any sender): written before senders were recorded
@@ -640,7 +634,7 @@ class _Decision:
         self.emit(trusted(LockGranted,
             request_id=request_id, agent_id=agent_id, resource=self.view.resource, token=token, mode=mode,
             expires_at_ms=expires, holders=[*self.holders_list(), mine], resource_version=self.version,
-            warnings=warnings, request_sent_at_ms=self.sent if answers else None, decided_at_ms=self.now,
+            warnings=warnings, request_sent_at_ms=self.sent if answers else None, at_ms=self.now,
             cause=self.cause,
         ))
 
@@ -648,7 +642,7 @@ class _Decision:
         for holder in waiter.blockers:
             self.emit(trusted(WaitEdgeRemoved,
                 edge_id=_edge_id(self.view.resource, waiter, holder), waiter=waiter.agent_id, holder=holder,
-                source="lock", resource=self.view.resource, removed_at_ms=self.now, cause=self.cause,
+                source="lock", resource=self.view.resource, at_ms=self.now, cause=self.cause,
             ))
 
     def advance_time(self) -> None:
@@ -667,12 +661,12 @@ class _Decision:
             if lease is not None and (waiter is None or lease.expires_at_ms <= waiter.deadline_ms):
                 self.emit(trusted(LockExpired,
                     request_id=lease.request_id, agent_id=lease.agent_id, resource=view.resource,
-                    token=lease.token, expired_at_ms=lease.expires_at_ms, decided_at_ms=now, cause=self.cause,
+                    token=lease.token, expires_at_ms=lease.expires_at_ms, at_ms=now, cause=self.cause,
                 ))
             elif waiter is not None:
                 self.leave(waiter, trusted(LockWaitTimedOut,
                     request_id=waiter.request_id, agent_id=waiter.agent_id, resource=view.resource,
-                    waited_ms=now - waiter.queued_at_ms, decided_at_ms=now, cause=self.cause,
+                    waited_ms=now - waiter.queued_at_ms, at_ms=now, cause=self.cause,
                 ))
             else:
                 return
@@ -729,13 +723,13 @@ class _Decision:
         for gone in sorted(set(waiter.blockers) - set(want)):
             self.emit(trusted(WaitEdgeRemoved,
                 edge_id=_edge_id(self.view.resource, waiter, gone), waiter=waiter.agent_id, holder=gone,
-                source="lock", resource=self.view.resource, removed_at_ms=self.now, cause=self.cause,
+                source="lock", resource=self.view.resource, at_ms=self.now, cause=self.cause,
             ))
         for new in sorted(set(want) - set(waiter.blockers)):
             self.emit(trusted(WaitEdgeAdded,
                 edge_id=_edge_id(self.view.resource, waiter, new), waiter=waiter.agent_id, holder=new,
                 source="lock", resource=self.view.resource, waiter_priority=waiter.priority,
-                waiter_registered_at_ms=waiter.queued_at_ms, saga_id=waiter.saga_id, added_at_ms=self.now,
+                waiter_registered_at_ms=waiter.queued_at_ms, saga_id=waiter.saga_id, at_ms=self.now,
                 cause=self.cause,
             ))
 
@@ -767,7 +761,7 @@ class _Decision:
         }
         self.emit(trusted(LockDenied,
             request_id=request_id, agent_id=agent_id, resource=self.view.resource, reason=reason.value,
-            detail=json.dumps(diagnostic, sort_keys=True), request_sent_at_ms=self.sent, decided_at_ms=self.now,
+            detail=json.dumps(diagnostic, sort_keys=True), request_sent_at_ms=self.sent, at_ms=self.now,
             cause=self.cause,
         ))
 
@@ -804,15 +798,15 @@ def _lock_order_problem(cmd: LockRequested) -> str | None:
 def _id_problem(book: LeaseBook, command: LockCommand, now_ms: int, rules: LeaseRules
                 ) -> tuple[Reason, dict[str, Any]] | None:
     """Why a command that is not a repeat may not be decided now: sent too long ago, or in the future."""
-    sent = command.sent_at_ms
+    sent = command.at_ms
     floor = now_ms - rules.id_window_ms
     if book.forgotten_sent_ms is not None:
         floor = max(floor, book.forgotten_sent_ms)
     if sent <= floor:
-        return Reason.REQUEST_EXPIRED, {"you_sent": {"sent_at_ms": sent}, "refused_at_or_before_ms": floor,
+        return Reason.REQUEST_EXPIRED, {"you_sent": {"at_ms": sent}, "refused_at_or_before_ms": floor,
                                         "id_window_ms": rules.id_window_ms}
     if sent > now_ms + rules.clock_skew_ms:
-        return Reason.CLOCK_SKEW, {"you_sent": {"sent_at_ms": sent}, "broker_time_ms": now_ms,
+        return Reason.CLOCK_SKEW, {"you_sent": {"at_ms": sent}, "broker_time_ms": now_ms,
                                    "clock_skew_ms": rules.clock_skew_ms}
     return None
 
@@ -850,7 +844,7 @@ def _acquire(d: _Decision, cmd: LockRequested, rules: LeaseRules) -> None:
         ttl_ms=cmd.ttl_ms, saga_id=cmd.saga_id, position=ahead + 1, priority=cmd.priority,
         wait_deadline_ms=d.now + cmd.wait_ms,
         blocking_agents=sorted({h.agent_id for h in view.holders.values()}),
-        warnings=warnings, request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause,
+        warnings=warnings, request_sent_at_ms=d.sent, at_ms=d.now, cause=d.cause,
     ))
     position = d.position(view.queued[cmd.request_id])
     d.refresh_from(position)  # the new waiter
@@ -874,7 +868,7 @@ def _renew(d: _Decision, cmd: LockRenewRequested, rules: LeaseRules) -> None:
                                                              "max_ttl_ms": rules.max_ttl_ms})
         return
     d.emit(trusted(LockRenewed, request_id=cmd.request_id, agent_id=cmd.agent_id, resource=d.view.resource,
-                       token=cmd.token, expires_at_ms=d.now + ttl, request_sent_at_ms=d.sent, decided_at_ms=d.now,
+                       token=cmd.token, expires_at_ms=d.now + ttl, request_sent_at_ms=d.sent, at_ms=d.now,
                        cause=d.cause))
 
 
@@ -884,7 +878,7 @@ def _release(d: _Decision, cmd: LockReleaseRequested) -> None:
         d.deny(cmd.request_id, cmd.agent_id, *problem)
         return
     d.emit(trusted(LockReleased, request_id=cmd.request_id, agent_id=cmd.agent_id, resource=d.view.resource,
-                        token=cmd.token, request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause))
+                        token=cmd.token, request_sent_at_ms=d.sent, at_ms=d.now, cause=d.cause))
     d.hand_off()
 
 
@@ -897,7 +891,7 @@ def _cancel(d: _Decision, cmd: LockCancelRequested) -> None:
     d.leave(waiter, trusted(LockCancelled, request_id=waiter.request_id, agent_id=waiter.agent_id,
                                   resource=d.view.resource, reason=Reason.CANCELLED_BY_AGENT.value,
                                   by_request_id=cmd.request_id, by_agent_id=cmd.agent_id,
-                                  request_sent_at_ms=d.sent, decided_at_ms=d.now,
+                                  request_sent_at_ms=d.sent, at_ms=d.now,
                                   cause=d.cause))
     d.hand_off()
 
@@ -916,12 +910,12 @@ def _revoke(d: _Decision, cmd: LockRevokeRequested) -> None:
         d.emit(trusted(LockRevoked, request_id=lease.request_id, agent_id=lease.agent_id, resource=d.view.resource,
                            token=lease.token, reason=cmd.reason, by_request_id=cmd.request_id,
                            by_agent_id=cmd.requested_by,
-                           request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause))
+                           request_sent_at_ms=d.sent, at_ms=d.now, cause=d.cause))
     for waiter in waiters:
         d.leave(waiter, trusted(LockCancelled, request_id=waiter.request_id, agent_id=waiter.agent_id,
                                       resource=d.view.resource, reason=cmd.reason, by_request_id=cmd.request_id,
                                       by_agent_id=cmd.requested_by,
-                                      request_sent_at_ms=d.sent, decided_at_ms=d.now, cause=d.cause))
+                                      request_sent_at_ms=d.sent, at_ms=d.now, cause=d.cause))
     d.hand_off()
 
 
@@ -946,7 +940,7 @@ def _run(view: LeaseBook, command: LockCommand, now_ms: int, cause: Cause, rules
     taken = _taken(view, request_id, sender)
     if taken is None:
         return []  # decided before: a request id has one decision, ever
-    d = _Decision(view, max(now_ms, view.clock_ms), cause, version, command.sent_at_ms, rules.hide_tokens)
+    d = _Decision(view, max(now_ms, view.clock_ms), cause, version, command.at_ms, rules.hide_tokens)
     if view.holders or view.queue:
         d.advance_time()
     problem = _id_problem(view, command, d.now, rules)

@@ -155,7 +155,7 @@ def _start_undo(saga: Saga, step: int, attempt: int, now_ms: int) -> LockRequest
     return LockRequested(
         request_id=_lock_id(saga, step, attempt), agent_id=saga.saga_id, resource=record.resource,
         mode="exclusive", ttl_ms=COMPENSATION_TTL_MS, priority=COMPENSATION_PRIORITY,
-        wait_ms=COMPENSATION_WAIT_MS, saga_id=saga.saga_id, sent_at_ms=now_ms,
+        wait_ms=COMPENSATION_WAIT_MS, saga_id=saga.saga_id, at_ms=now_ms,
     )
 
 
@@ -190,7 +190,7 @@ def _late_undo(saga: Saga, step: SagaStep, now_ms: int) -> LockRequested:
     return LockRequested(
         request_id=_lock_id(saga, step.step, 1), agent_id=saga.saga_id, resource=step.resource, mode="exclusive",
         ttl_ms=COMPENSATION_TTL_MS, priority=COMPENSATION_PRIORITY, wait_ms=COMPENSATION_WAIT_MS,
-        saga_id=saga.saga_id, sent_at_ms=now_ms,
+        saga_id=saga.saga_id, at_ms=now_ms,
     )
 
 
@@ -221,7 +221,7 @@ def decide(saga: Saga, message: SagaInput, now_ms: int, cause: Cause) -> list[Sa
             intent_id=_intent_id(saga, undo.step, undo.attempt), agent_id=saga.saga_id, resource=record.resource,
             token=message.token, base_version=message.resource_version, tool=record.compensate_tool or "",
             arguments_json=record.compensate_arguments_json or "{}", saga_id=saga.saga_id, step=undo.step,
-            is_compensation=True, sent_at_ms=now_ms,
+            is_compensation=True, at_ms=now_ms,
         )]
     ended = LockDenied | LockWaitTimedOut | LockCancelled
     if isinstance(message, ended) and message.request_id == undo.lock_request_id and undo.phase == "acquiring":
@@ -232,7 +232,7 @@ def decide(saga: Saga, message: SagaInput, now_ms: int, cause: Cause) -> list[Sa
         return [_retry(saga, undo, reason, now_ms, cause)]  # try for the lease again, or give up
     if isinstance(message, ToolApplied | ToolRejected) and message.intent_id == undo.intent_id:
         release = LockReleaseRequested(request_id=f"{undo.intent_id}|release", agent_id=saga.saga_id,
-                                       resource=record.resource, token=undo.token or 0, sent_at_ms=now_ms)
+                                       resource=record.resource, token=undo.token or 0, at_ms=now_ms)
         if isinstance(message, ToolApplied):
             done = Compensated(saga_id=saga.saga_id, step=undo.step, compensation_intent_id=message.intent_id,
                                tool=message.tool, at_ms=now_ms, cause=cause)

@@ -64,12 +64,12 @@ class Entry:
     """When it joined (the merge commit's date, so runner and host make the same commit)."""
     arguments_json: str
     """The merge intent's arguments: its message and strategy."""
-    sent_at_ms: int
+    at_ms: int
 
     def intent(self, resource: str) -> ToolIntent:
         """The merge intent this entry answers (what its final outcome is built from)."""
         return ToolIntent(intent_id=self.intent_id, agent_id=self.agent_id, resource=resource, token=self.token,
-                          tool="merge", arguments_json=self.arguments_json, sent_at_ms=self.sent_at_ms)
+                          tool="merge", arguments_json=self.arguments_json, at_ms=self.at_ms)
 
     def arguments(self) -> dict[str, Any]:
         """The merge's arguments (message, target, strategy)."""
@@ -211,8 +211,8 @@ def evolve(train: Train, event: TrainEvent) -> Train:
     if isinstance(event, MergeQueued):
         if train.entry(event.intent_id) is None:
             train.entries.append(Entry(event.intent_id, event.agent_id, event.token, event.commit, event.target,
-                                       event.check_digest, event.decided_at_ms, event.arguments_json,
-                                       event.request_sent_at_ms or event.decided_at_ms))
+                                       event.check_digest, event.at_ms, event.arguments_json,
+                                       event.request_sent_at_ms or event.at_ms))
         train.heads.setdefault(event.target, event.head)
     elif isinstance(event, MergeChecked):
         if train.entry(event.intent_id) is not None:

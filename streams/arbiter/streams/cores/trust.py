@@ -83,7 +83,7 @@ def _ids(record: Record) -> list[str]:
     # ``__dict__`` holds a model's fields: a getattr of a field the model lacks costs pydantic an
     # exception each time, and this runs for every command a worker or a front door checks.
     fields = record.__dict__
-    return [value for name in ("request_id", "intent_id", "target_request_id", "ping_id")
+    return [value for name in ("request_id", "intent_id", "target_request_id")
             if isinstance(value := fields.get(name), str)]
 
 

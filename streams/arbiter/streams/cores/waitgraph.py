@@ -201,7 +201,7 @@ def detect(graph: WaitGraph, added: WaitEdgeAdded, now_ms: int, cause: Cause,
                                     "source": e.source, "edge_id": e.edge_id} for e in ordered]),
             message=f"Circular dependency detected with {waited_on}. Aborting subtask.",
             saga_id=next((e.saga_id for e in scratch.out.get(victim.waiter, {}).values() if e.saga_id), None),
-            decided_at_ms=now_ms,
+            at_ms=now_ms,
             cause=cause,
         )
         found.append(event)
@@ -220,7 +220,7 @@ def revocations(graph: WaitGraph, detection: DeadlockDetected, now_ms: int) -> l
                         if e.source == "lock" and e.resource is not None})
     return [LockRevokeRequested(request_id=f"{detection.detection_id}|{resource}", resource=resource,
                                 agent_id=detection.victim, token=None, reason="deadlock_victim",
-                                requested_by="deadlock-detector", sent_at_ms=now_ms)
+                                requested_by="deadlock-detector", at_ms=now_ms)
             for resource in resources]
 
 

@@ -215,23 +215,23 @@ class WorkerMetrics:
         if isinstance(record, LockGranted):
             prefix = self.prefix(record.resource)
             self._of(self.grants, prefix, record.mode).inc()
-            self._of(self.ttl, prefix).observe(max(0, record.expires_at_ms - record.decided_at_ms) / 1000)
+            self._of(self.ttl, prefix).observe(max(0, record.expires_at_ms - record.at_ms) / 1000)
             if record.request_sent_at_ms:
-                self._of(self.wait, prefix).observe(max(0, record.decided_at_ms - record.request_sent_at_ms) / 1000)
-            self._remember(record.resource, record.token, record.decided_at_ms)
+                self._of(self.wait, prefix).observe(max(0, record.at_ms - record.request_sent_at_ms) / 1000)
+            self._remember(record.resource, record.token, record.at_ms)
         elif isinstance(record, LockQueued):
             self._of(self.queued, self.prefix(record.resource)).inc()
         elif isinstance(record, LockRenewed):
             self._of(self.renewals, self.prefix(record.resource)).inc()
         elif isinstance(record, LockReleased):
             self._of(self.releases, self.prefix(record.resource)).inc()
-            self._ended(record.resource, record.token, record.decided_at_ms, "released")
+            self._ended(record.resource, record.token, record.at_ms, "released")
         elif isinstance(record, LockExpired):
             self._of(self.expiries, self.prefix(record.resource)).inc()
-            self._ended(record.resource, record.token, record.decided_at_ms, "expired")
+            self._ended(record.resource, record.token, record.at_ms, "expired")
         elif isinstance(record, LockRevoked):
             self._of(self.revocations, self.prefix(record.resource)).inc()
-            self._ended(record.resource, record.token, record.decided_at_ms, "revoked")
+            self._ended(record.resource, record.token, record.at_ms, "revoked")
         elif isinstance(record, LockDenied):
             self._of(self.denials, self.prefix(record.resource), code(record.reason)).inc()
         elif isinstance(record, LockWaitTimedOut):

@@ -421,7 +421,7 @@ class Worker:
         # The rules this worker decides by go into the log, so audit and replay use them.
         await self._send_now(settings.topics.workers, self.me.encode(), WorkerStarted(
             worker_id=self.me, rules_json=self.rules.to_json(), processing_guarantee=settings.processing_guarantee,
-            partitions=settings.partitions, started_at_ms=now_ms()))
+            partitions=settings.partitions, at_ms=now_ms()))
         session, heartbeat = await self._session_timeouts()
         if self.rdkafka:
             self.consumer = RdGroup(settings, client_id=self.me, group_id=settings.app_id,
@@ -982,7 +982,7 @@ class Worker:
         assert self.producer is not None
         topic = self.settings.topics.resource_commands
         self._ticks += 1
-        tick = LockTick(tick_id=f"{self.me}:{partition}:{self._ticks}", partition=partition, sent_at_ms=now_ms())
+        tick = LockTick(request_id=f"{self.me}:{partition}:{self._ticks}", partition=partition, at_ms=now_ms())
         value = self.codec.encode(tick)
         try:
             sent = await self.producer.send(topic, value, key=TICK_KEY, partition=partition,

@@ -135,8 +135,8 @@ class ResourceShell:
             return None
         if isinstance(command, Ping):
             await self.send(self.routes.agent_inbox, command.agent_id.encode(), Pong(
-                ping_id=command.ping_id, agent_id=command.agent_id, worker_id=self.worker_id,
-                decided_at_ms=now_ms, cause=cause))
+                request_id=command.request_id, agent_id=command.agent_id, worker_id=self.worker_id,
+                at_ms=now_ms, cause=cause))
             return None
         if not isinstance(command, (*RESOURCE_LOCK_COMMANDS, ToolIntent, SnapshotRequested)):
             return ContractError(Reason.UNSUPPORTED_COMMAND, f"{type(command).__name__} has no handler in this worker")
@@ -229,7 +229,7 @@ class ResourceShell:
             holders=[Holder(agent_id=h.agent_id, request_id=h.request_id,
                             token=0 if self.hide_tokens and h.agent_id != request.agent_id else h.token,
                             mode=h.mode, expires_at_ms=h.expires_at_ms) for h in live],
-            decided_at_ms=now_ms, cause=cause, content_json=content_json,
+            at_ms=now_ms, cause=cause, content_json=content_json,
         ))
 
     async def tick(self, tick: LockTick, now_ms: int, cause: Cause) -> int:

@@ -117,7 +117,7 @@ class TrainShell:
                              target=str(joined["target"]), token=intent.token or 0, commit=str(joined["commit"]),
                              head=str(joined["head"]), check_digest=joined.get("check_digest"),
                              arguments_json=intent.arguments_json, position=train.position(trains, joined["target"]),
-                             request_sent_at_ms=intent.sent_at_ms, decided_at_ms=now_ms, cause=cause)
+                             request_sent_at_ms=intent.at_ms, at_ms=now_ms, cause=cause)
         await self._event(key, queued, trains)
 
     def _queued(self, intent: ToolIntent, entry: Entry, trains: Train, now_ms: int, cause: Cause) -> MergeQueued:
@@ -125,7 +125,7 @@ class TrainShell:
                            target=entry.target, token=entry.token, commit=entry.commit,
                            head=trains.heads.get(entry.target, ""), check_digest=entry.check_digest,
                            arguments_json=entry.arguments_json, position=trains.queue(entry.target).index(entry),
-                           request_sent_at_ms=entry.sent_at_ms, decided_at_ms=now_ms, cause=cause)
+                           request_sent_at_ms=entry.at_ms, at_ms=now_ms, cause=cause)
 
     async def checked(self, key: bytes, verdict: CheckVerdict, now_ms: int, cause: Cause) -> None:
         """A runner's verdict: recorded when it is of an entry of the train, and the train settles."""
@@ -133,8 +133,8 @@ class TrainShell:
         entry = trains.entry(verdict.intent_id)
         if entry is None or entry.check_digest is None:
             return  # of a merge that left, or of one that needs no check: it decides nothing
-        fields = verdict.model_dump(exclude={"sent_at_ms"})
-        await self._event(key, MergeChecked(agent_id=entry.agent_id, **fields, decided_at_ms=now_ms, cause=cause),
+        fields = verdict.model_dump(exclude={"at_ms"})
+        await self._event(key, MergeChecked(agent_id=entry.agent_id, **fields, at_ms=now_ms, cause=cause),
                           trains)
         await self._settle(key, book, content, now_ms, cause)
         self.contents[key] = content
@@ -177,7 +177,7 @@ class TrainShell:
             assert content.train is not None
             await self._event(key, MergeReplanned(intent_id=land.entry.intent_id, agent_id=land.entry.agent_id,
                                                   resource=content.resource, target=land.entry.target, head=head,
-                                                  reason=outcome.error[:2000], decided_at_ms=now_ms, cause=cause),
+                                                  reason=outcome.error[:2000], at_ms=now_ms, cause=cause),
                               content.train)
             return False
         intent = land.entry.intent(content.resource)

@@ -107,16 +107,16 @@ def refusal_answers(record: Record, refused: Refused, routes: Routes, now_ms: in
     if isinstance(record, LockRequested | LockRenewRequested | LockReleaseRequested | LockCancelRequested
                   | SnapshotRequested):
         answer = LockDenied(request_id=record.request_id, agent_id=agent, resource=record.resource,
-                            reason=refused.reason, detail=diagnostic, request_sent_at_ms=record.sent_at_ms,
-                            decided_at_ms=now_ms, cause=cause)
+                            reason=refused.reason, detail=diagnostic, request_sent_at_ms=record.at_ms,
+                            at_ms=now_ms, cause=cause)
     elif isinstance(record, Ping):
-        answer = LockDenied(request_id=record.ping_id, agent_id=agent, resource="", reason=refused.reason,
-                            detail=diagnostic, request_sent_at_ms=record.sent_at_ms, decided_at_ms=now_ms,
+        answer = LockDenied(request_id=record.request_id, agent_id=agent, resource="", reason=refused.reason,
+                            detail=diagnostic, request_sent_at_ms=record.at_ms, at_ms=now_ms,
                             cause=cause)
     elif isinstance(record, ToolIntent):
         answer = ToolRejected(intent_id=record.intent_id, agent_id=agent, resource=record.resource, tool=record.tool,
                               reason=refused.reason, diagnostic_json=diagnostic,
-                              request_sent_at_ms=record.sent_at_ms, decided_at_ms=now_ms, cause=cause)
+                              request_sent_at_ms=record.at_ms, at_ms=now_ms, cause=cause)
     else:
         return []
     return [(routes.agent_inbox, agent.encode(), answer)]

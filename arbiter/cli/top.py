@@ -55,7 +55,7 @@ def top(ctx: click.Context, once: bool, refresh: float, rows: int) -> None:
     from rich.console import Console
     from rich.live import Live
 
-    from arbiter.edge.livefeed import LiveFeed
+    from arbiter.streams.runtime.livefeed import LiveFeed
 
     settings = settings_of(ctx)
     console = Console()

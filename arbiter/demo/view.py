@@ -14,20 +14,20 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from arbiter.edge.livefeed import LiveState
 from arbiter.edge.settings import Settings
 from arbiter.edge.tail import Tail
 from arbiter.schemas import (
     Record,
 )
+from arbiter.streams.runtime.livefeed import LiveState
 
 # -- the live view -------------------------------------------------------------------------
 
 
 @dataclass
 class SwarmView:
-    """The demo's view of its run: the log's one live fold (``arbiter.edge.livefeed.LiveState``, which the console
-    and ``arbiter top`` show too), drawn as lines of text."""
+    """The demo's view of its run: the log's one live fold (``arbiter.streams.runtime.livefeed.LiveState``,
+    which the console and ``arbiter top`` show too), drawn as lines of text."""
 
     state: LiveState = field(default_factory=LiveState)
 

@@ -48,7 +48,6 @@ from arbiter.agents.sagas import Saga
 from arbiter.edge.clock import now_ms
 from arbiter.edge.kafkaio import TopicPartition
 from arbiter.edge.keys import anchors_for
-from arbiter.edge.livefeed import LiveFeed
 from arbiter.edge.registryfeed import RegistryFeed
 from arbiter.edge.settings import Settings
 from arbiter.edge.tail import Tail
@@ -58,6 +57,7 @@ from arbiter.schemas.identity import ACTIVE, IdentityError, Registry, Signer
 from arbiter.schemas.models import IdentityRegistered
 from arbiter.schemas.partitioning import partition_for
 from arbiter.schemas.roles import ROLE_AGENT
+from arbiter.streams.runtime.livefeed import LiveFeed
 
 from .errors import Refusal, unauthenticated
 from .health import Readiness

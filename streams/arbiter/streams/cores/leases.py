@@ -592,6 +592,21 @@ def evolve(book: LeaseBook, event: LockEvent, rules: LeaseRules | None = None) -
 DEFAULT_RULES = LeaseRules()
 
 
+def follow(book: LeaseBook, event: LockEvent) -> LeaseBook:
+    """Fold ``event`` into who holds ``book``'s resource and who waits (in place), as a view that decides
+    nothing does: the live console, ``arbiter top`` and the demo. Unlike ``evolve`` it keeps no id memory,
+    and a view that started reading the log late (from a window) skips what refers to a lease or a
+    waiter it never saw, instead of failing on it."""
+    if isinstance(event, LockRenewed) and event.token not in book.holders:
+        return book
+    if isinstance(event, LockQueued) and (event.request_id in book.queued or event.agent_id in book.waiting):
+        return book
+    _apply(book, event)
+    if event.at_ms > book.clock_ms:
+        book.clock_ms = event.at_ms
+    return book
+
+
 # -- decide -----------------------------------------------------------------------
 
 

@@ -1,7 +1,9 @@
 """The live view of a running fleet, fed by the log: who holds what and who waits, the wait-for graph
 with its cycles and victims, sagas and their compensations, refusals by reason over time, the workers
-and their lag. The front door's console (``/``), ``arbiter console`` and ``arbiter top`` show it (it
-lives here, below the door, so that ``arbiter top`` needs no web framework).
+and their lag. The front door's console (``/``), ``arbiter console``, ``arbiter top`` and the demo show it
+(it lives here, below the door, so that ``arbiter top`` needs no web framework). Who holds each resource
+and who waits is folded by the lease core's own fold (``arbiter.streams.cores.leases.follow``), the one
+the workers' books are made of, not by a copy of it.
 
 ``LiveFeed`` tails the decision topics (from their start, or the last ``window`` records of each
 partition), folds each record into ``LiveState`` and hands every change, as one small JSON object,
@@ -49,6 +51,7 @@ from arbiter.schemas import (
     WaitEdgeRemoved,
     WorkerStarted,
 )
+from arbiter.streams.cores.leases import LeaseBook, follow, new_book
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +77,10 @@ SEEN = 100_000
 class LiveState:
     """What the console shows, folded from the log one record at a time."""
 
-    resources: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """resource -> {"holders": {agent: {mode, expires_at_ms, since_ms}}, "queue": [agent...]}."""
+    books: dict[str, LeaseBook] = field(default_factory=dict)
+    """resource -> its lease book (holders and queue), while anyone holds it or waits for it."""
+    since: dict[str, dict[int, int]] = field(default_factory=dict)
+    """resource -> token -> when that lease was granted."""
     edges: dict[str, dict[str, Any]] = field(default_factory=dict)
     """edge id -> {waiter, holder, source, resource}."""
     deadlocks: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=50))
@@ -103,10 +108,14 @@ class LiveState:
     seen: OrderedDict[tuple[str, bytes], None] = field(default_factory=OrderedDict)
     """The latest decisions folded, by content: a copy delivered again is folded once (``SEEN``)."""
 
+    @property
+    def resources(self) -> dict[str, dict[str, Any]]:
+        """resource -> {"holders": {agent: {mode, expires_at_ms, since_ms, token}}, "queue": [agent...]}."""
+        return {r: _book_view(book, self.since.get(r, {})) for r, book in self.books.items()}
+
     def snapshot(self) -> dict[str, Any]:
         """Everything, for a page that just opened (the resources that have a holder or a queue)."""
-        return {"kind": "snapshot", "resources": {r: _shown(v) for r, v in self.resources.items()
-                                                  if v["holders"] or v["queue"]},
+        return {"kind": "snapshot", "resources": {r: _shown(v) for r, v in self.resources.items()},
                 "edges": list(self.edges.values()), "deadlocks": list(self.deadlocks),
                 "sagas": dict(list(self.sagas.items())[-200:]), "refusals": self._refusals(),
                 "workers": self.workers, "members": self.members, "lag": self.lag, "decisions": self.decisions}
@@ -165,20 +174,28 @@ class LiveState:
 
     def _lease_decided(self, record: _LeaseDecision) -> dict[str, Any]:
         self.decisions += 1
-        book = self.resources.setdefault(record.resource, {"holders": {}, "queue": []})
-        agent, at = record.agent_id, record.at_ms
+        resource, agent, at = record.resource, record.agent_id, record.at_ms
+        book = self.books.get(resource) or new_book(resource)
         kind = type(record).__name__.removeprefix("Lock").lower()
-        waited = isinstance(record, LockGranted) and agent in book["queue"]
-        _update_book(book, record)
+        waited = isinstance(record, LockGranted) and record.request_id in book.queued
+        follow(book, record)
+        since = self.since.setdefault(resource, {})
+        if isinstance(record, LockGranted):
+            since[record.token] = at
+        for token in since.keys() - book.holders.keys():
+            del since[token]
         if waited:
             self.counts["granted after waiting"] += 1
         if isinstance(record, LockDenied):
             self._refused(at, record.reason)
         self._count_lease(record)
-        change = {"kind": kind, "resource": record.resource, "agent": agent, "at": at,
-                  "reason": getattr(record, "reason", None), "book": _shown(book)}
-        if not book["holders"] and not book["queue"]:
-            del self.resources[record.resource]
+        change = {"kind": kind, "resource": resource, "agent": agent, "at": at,
+                  "reason": getattr(record, "reason", None), "book": _shown(_book_view(book, since))}
+        if book.holders or book.queue:
+            self.books[resource] = book
+        else:
+            self.books.pop(resource, None)
+            self.since.pop(resource, None)
         self._remember([record.resource, agent], {k: v for k, v in change.items() if k != "book"})
         return change
 
@@ -246,28 +263,18 @@ class LiveState:
         return {"kind": "saga", "saga": saga}
 
 
-def _update_book(book: dict[str, Any], record: _LeaseDecision) -> None:
-    """Who holds the resource and who waits for it, after ``record``."""
-    agent = record.agent_id
-    if isinstance(record, LockGranted):
-        book["holders"][agent] = {"mode": record.mode, "expires_at_ms": record.expires_at_ms,
-                                  "since_ms": record.at_ms, "token": record.token}
-        if agent in book["queue"]:
-            book["queue"].remove(agent)
-    elif isinstance(record, LockRenewed):
-        if agent in book["holders"]:
-            book["holders"][agent]["expires_at_ms"] = record.expires_at_ms
-    elif isinstance(record, LockQueued):
-        if agent not in book["queue"]:
-            book["queue"].append(agent)
-    elif isinstance(record, LockReleased | LockExpired | LockRevoked):
-        book["holders"].pop(agent, None)
-    elif isinstance(record, LockWaitTimedOut | LockCancelled) and agent in book["queue"]:
-        book["queue"].remove(agent)
+def _book_view(book: LeaseBook, since: dict[int, int]) -> dict[str, Any]:
+    """What the pages show of a lease book: its holders by agent, its queue in grant order."""
+    return {"holders": {lease.agent_id: {"mode": lease.mode, "expires_at_ms": lease.expires_at_ms,
+                                         "since_ms": since.get(lease.token), "token": lease.token}
+                        for lease in book.holders.values()},
+            "queue": [waiter.agent_id for waiter in book.queue]}
 
 
 def _shown(book: dict[str, Any]) -> dict[str, Any]:
-    return {"holders": [{"agent": a, **h} for a, h in book["holders"].items()], "queue": list(book["queue"])}
+    """A book as the pages get it: never a fencing token (the demo, in process, reads them from ``resources``)."""
+    holders = [{"agent": a, **{k: v for k, v in h.items() if k != "token"}} for a, h in book["holders"].items()]
+    return {"holders": holders, "queue": list(book["queue"])}
 
 
 class LiveFeed:

@@ -717,6 +717,8 @@ def check_cycles(log: Log, settings: Settings, findings: Findings) -> dict[str, 
         for entry in entries:
             record = entry.record
             graph = graphs[entry.key or b""]
+            if isinstance(record, WaitEdgeAdded | WaitEdgeRemoved) and graph.copy(record):
+                continue  # a lease book's change sent again after a redelivery: folded already
             if isinstance(record, WaitEdgeAdded):
                 if graph.add(record) and graph.reaches(record.holder, record.waiter):
                     graph.pending[entry.where] = entry
@@ -748,6 +750,23 @@ class _Graph:
     edges: dict[str, tuple[str, str]] = field(default_factory=dict)
     cancelled: set[str] = field(default_factory=set)
     pending: dict[str, Entry] = field(default_factory=dict)
+    caused: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per edge a lease book changed, the (partition, offset) of the decision that last changed it."""
+
+    def copy(self, change: WaitEdgeAdded | WaitEdgeRemoved) -> bool:
+        """Whether ``change`` is a copy of a change folded already: a worker of the lease books that died
+        before committing is redelivered its inputs and sends their edges again, under the same causes. A
+        book decides one resource's changes in its partition's order, so a change whose decision is not
+        after the last one folded for its edge is a copy; folding it would bring back an edge removed
+        since, and close a cycle that no longer exists (the detector's graph skips them the same way)."""
+        cause = change.cause
+        if cause is None:
+            return False  # an agent's own edge (a delegation): one message, never sent again by a worker
+        last = self.caused.get(change.edge_id)
+        if last is not None and last[0] == cause.partition and cause.offset <= last[1]:
+            return True
+        self.caused[change.edge_id] = (cause.partition, cause.offset)
+        return False
 
     def add(self, edge: WaitEdgeAdded) -> bool:
         if edge.edge_id in self.cancelled or edge.edge_id in self.edges:

@@ -9,8 +9,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from arbiter.audit import audit
+from arbiter.audit.checks import Findings, check_cycles
 from arbiter.audit.log import Entry, Log, load_archive
-from arbiter.schemas import DeadlockDetected, LockRequested, LockRevokeRequested, WaitEdgeAdded, WaitEdgeRemoved
+from arbiter.schemas import (
+    Cause,
+    DeadlockDetected,
+    LockRequested,
+    LockRevokeRequested,
+    WaitEdgeAdded,
+    WaitEdgeRemoved,
+)
 from tests.conftest import REPO
 from tests.golden.record import golden_settings
 
@@ -92,3 +100,36 @@ async def test_a_forged_revocation_is_caught() -> None:
     found = [f for f in await findings(log) if f["check"] == "determinism"]
     assert any("no replayed decision sends it" in str(f["message"]) and f"{topic}[{partition}]@{len(entries)}"
                in f["where"] for f in found), found  # type: ignore[operator]
+
+
+def _edges_log(changes: list[tuple[str, str, str, int]]) -> Log:
+    """A log of lock edges on one wait-edges partition: (kind, waiter, holder, cause offset) each."""
+    log = ring()
+    topic = log.topics.wait_edges
+    commands = log.topics.resource_commands
+    entries = []
+    for offset, (kind, waiter, holder, cause) in enumerate(changes):
+        edge = dict(edge_id=f"lock|doc:a|{waiter}", waiter=waiter, holder=holder, source="lock", resource="doc:a",
+                    at_ms=1_000 + offset, cause=Cause(topic=commands, partition=3, offset=cause))
+        record = (WaitEdgeAdded(waiter_priority=0, waiter_registered_at_ms=0, **edge) if kind == "add"
+                  else WaitEdgeRemoved(**edge))
+        entries.append(Entry(topic, 0, offset, 1_000 + offset, b"graph", record))
+    log.partitions = {(topic, 0): entries}
+    return log
+
+
+def test_edges_a_redelivered_lease_book_sends_again_close_no_cycle() -> None:
+    """Found by a worker-kill campaign: a worker of the lease books died before committing, and its successor,
+    redelivered the inputs, sent their edges again. The audit's own graph folded the copies and saw ann and bob
+    wait on each other for a moment (ann's edge re-added before its removal came again), a cycle "broken
+    without a detection". The detector's graph skips such copies by their cause; the audit's does too."""
+    honest = [("add", "ann", "bob", 458), ("del", "ann", "bob", 460), ("add", "bob", "ann", 462)]
+    log = _edges_log([*honest, *honest, ("del", "bob", "ann", 465)])
+    found = Findings()
+    check_cycles(log, golden_settings(log), found)
+    assert found.items == []
+    # A real cycle broken by a release, with no detection, is still one.
+    log = _edges_log([("add", "ann", "bob", 458), ("add", "bob", "ann", 462), ("del", "bob", "ann", 465)])
+    found = Findings()
+    check_cycles(log, golden_settings(log), found)
+    assert [f.check for f in found.items] == ["cycles_resolved"]

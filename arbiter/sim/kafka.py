@@ -1,0 +1,203 @@
+"""A simulated Kafka behind the seam (``arbiter.edge.kafkaio``): the log a simulation's processes share.
+
+Theory of operation
+-------------------
+``SimKafka`` holds topics of partitions of records in memory, each appended at the next offset
+with the virtual clock's time (``arbiter.sim.loop``), and the offsets consumer groups committed.
+``SimSender`` and ``SimReader`` implement the seam's ``Sender`` and ``Reader`` over it, with the
+contract the real clients keep (``tests/edge/test_kafkaio_contract.py``): a key goes to Kafka's
+Java partition for it, a send returns once the record is in the log, a reader hands out each
+record of the partitions it reads from the offset it was given, once and in order.
+
+Faults come from the simulation's seeded random source (``Faults``), so a seed replays them:
+a send waits a while before it lands (and others overtake it), a send whose acknowledgement was
+lost is retried and lands twice (at least once, as a real producer without idempotence), the
+broker is unavailable for a window (every call fails, retriable), and a reader is slow to see
+what was appended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from dataclasses import dataclass, field
+
+from arbiter.edge.clock import now_ms
+from arbiter.edge.kafkaio import Headers, KafkaIOError, Positions, Received, TopicPartition
+from arbiter.schemas.partitioning import partition_for
+
+
+@dataclass(frozen=True, slots=True)
+class Faults:
+    """What goes wrong, and how often (probabilities per call; times in seconds of virtual time)."""
+
+    send_delay_s: float = 0.0
+    """A send lands after a random delay up to this long (sends overtake each other)."""
+    duplicate_p: float = 0.0
+    """A send lands twice (its acknowledgement was lost and it was retried)."""
+    read_delay_s: float = 0.0
+    """A read waits a random while up to this long before it looks (a slow consumer)."""
+    outages: tuple[tuple[float, float], ...] = ()
+    """(from, until) windows of virtual seconds since the start when no call succeeds."""
+
+
+@dataclass
+class SimKafka:
+    """The simulated cluster: topics, their partitions' records, the groups' committed offsets."""
+
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
+    faults: Faults = field(default_factory=Faults)
+    topics: dict[str, list[list[Received]]] = field(default_factory=dict)
+    committed: dict[str, dict[TopicPartition, int]] = field(default_factory=dict)
+    _appended: asyncio.Event | None = field(default=None, repr=False)
+    _start: float | None = field(default=None, repr=False)
+
+    def create_topic(self, name: str, partitions: int) -> None:
+        """Create ``name`` with ``partitions`` partitions (nothing if it exists)."""
+        self.topics.setdefault(name, [[] for _ in range(partitions)])
+
+    def append(self, topic: str, partition: int, key: bytes | None, value: bytes, headers: Headers) -> int:
+        """Append one record now; its offset."""
+        log = self._partition(topic, partition)
+        log.append(Received(topic, partition, len(log), key, value, list(headers), now_ms()))
+        self._wake()
+        return len(log) - 1
+
+    def records(self, topic: str, partition: int, start: int = 0, count: int | None = None) -> list[Received]:
+        """One partition's records from offset ``start`` (at most ``count``), in offset order."""
+        log = self._partition(topic, partition)
+        return log[start:] if count is None else log[start:start + count]
+
+    def check_up(self, what: str) -> None:
+        """Raise the retriable error a real client raises while the broker is unavailable."""
+        loop = asyncio.get_running_loop()
+        if self._start is None:
+            self._start = loop.time()
+        at = loop.time() - self._start
+        if any(start <= at < end for start, end in self.faults.outages):
+            raise KafkaIOError(f"{what}: the simulated broker is unavailable (at {at:.3f} s)", retriable=True)
+
+    async def appended(self, timeout: float) -> None:
+        """Wait until something is appended, or ``timeout`` seconds pass."""
+        if self._appended is None:
+            self._appended = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._appended.wait(), timeout)
+
+    def _wake(self) -> None:
+        if self._appended is not None:
+            self._appended.set()
+            self._appended = None
+
+    def _partition(self, topic: str, partition: int) -> list[Received]:
+        parts = self.topics.get(topic)
+        if parts is None:
+            raise KafkaIOError(f"{topic}: no such topic", retriable=False)
+        if not 0 <= partition < len(parts):
+            raise KafkaIOError(f"{topic}[{partition}]: no such partition", retriable=False)
+        return parts[partition]
+
+
+class SimSender:
+    """The seam's ``Sender`` over a ``SimKafka``."""
+
+    def __init__(self, kafka: SimKafka) -> None:
+        self.kafka = kafka
+
+    async def start(self) -> None:
+        self.kafka.check_up("connecting")
+
+    async def stop(self) -> None:
+        return None
+
+    async def partitions(self, topic: str) -> int:
+        self.kafka.check_up(f"reading {topic}'s metadata")
+        parts = self.kafka.topics.get(topic)
+        if parts is None:
+            raise KafkaIOError(f"{topic}: no such topic", retriable=False)
+        return len(parts)
+
+    async def send(self, topic: str, key: bytes, value: bytes, headers: Headers | None) -> None:
+        await self.append(topic, key, value, headers)
+
+    async def append(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None,
+                     partition: int | None = None) -> tuple[int, int]:
+        kafka, faults = self.kafka, self.kafka.faults
+        count = await self.partitions(topic)
+        if partition is None:
+            partition = partition_for(key, count) if key is not None else kafka.rng.randrange(count)
+        if faults.send_delay_s:
+            await asyncio.sleep(kafka.rng.uniform(0, faults.send_delay_s))
+            kafka.check_up(f"sending to {topic}")
+        offset = kafka.append(topic, partition, key, value, headers or [])
+        if faults.duplicate_p and kafka.rng.random() < faults.duplicate_p:
+            offset = kafka.append(topic, partition, key, value, headers or [])  # the retry of a lost ack
+        return partition, offset
+
+
+class SimReader:
+    """The seam's ``Reader`` over a ``SimKafka`` (every record is committed: it writes no transactions)."""
+
+    def __init__(self, kafka: SimKafka, max_batch: int = 500) -> None:
+        self.kafka = kafka
+        self.max_batch = max_batch
+        self._positions = Positions()
+
+    async def start(self) -> None:
+        self.kafka.check_up("connecting")
+
+    async def stop(self) -> None:
+        self._positions = Positions()
+
+    async def end_offset(self, topic: str, partition: int) -> int:
+        self.kafka.check_up(f"reading the offsets of {topic}[{partition}]")
+        return len(self.kafka.records(topic, partition))
+
+    async def offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        return 0, await self.end_offset(topic, partition)
+
+    async def partitions(self, topic: str) -> int | None:
+        self.kafka.check_up(f"reading {topic}'s metadata")
+        parts = self.kafka.topics.get(topic)
+        return None if parts is None else len(parts)
+
+    async def committed(self, group: str, partitions: list[TopicPartition]) -> dict[TopicPartition, int]:
+        self.kafka.check_up(f"reading group {group}'s offsets")
+        known = self.kafka.committed.get(group, {})
+        return {tp: known[tp] for tp in partitions if tp in known}
+
+    async def position(self, topic: str, partition: int) -> int:
+        at = self._positions.next.get((topic, partition))
+        if at is None:
+            raise KafkaIOError(f"{topic}[{partition}] is not read", retriable=False)
+        return at
+
+    def add(self, topic: str, partition: int, offset: int) -> None:
+        self._positions.add(topic, partition, offset)
+
+    def drop(self, topic: str, partition: int) -> None:
+        self._positions.drop(topic, partition)
+
+    def reading(self) -> set[tuple[str, int]]:
+        return set(self._positions.next)
+
+    async def read(self, timeout: float) -> list[Received]:
+        kafka = self.kafka
+        if kafka.faults.read_delay_s:
+            await asyncio.sleep(kafka.rng.uniform(0, kafka.faults.read_delay_s))
+        got = self._take()
+        if not got and timeout > 0:
+            await kafka.appended(timeout)
+            got = self._take()
+        return got
+
+    def _take(self) -> list[Received]:
+        out: list[Received] = []
+        for (topic, partition), at in sorted(self._positions.next.items()):
+            for record in self.kafka.records(topic, partition, at, self.max_batch - len(out)):
+                if self._positions.admit(record):
+                    out.append(record)
+            if len(out) >= self.max_batch:
+                break
+        return out

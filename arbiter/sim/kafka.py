@@ -21,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 from arbiter.edge.clock import now_ms
 from arbiter.edge.kafkaio import Headers, KafkaIOError, Positions, Received, TopicPartition
@@ -50,6 +52,11 @@ class SimKafka:
     faults: Faults = field(default_factory=Faults)
     topics: dict[str, list[list[Received]]] = field(default_factory=dict)
     committed: dict[str, dict[TopicPartition, int]] = field(default_factory=dict)
+    groups: dict[str, object] = field(default_factory=dict)
+    """Each consumer group's coordinator (``arbiter.sim.group``)."""
+    txn_epochs: dict[str, int] = field(default_factory=dict)
+    """Each transactional id's current producer epoch: an older one is fenced."""
+    tasks: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
     _appended: asyncio.Event | None = field(default=None, repr=False)
     _start: float | None = field(default=None, repr=False)
 
@@ -68,6 +75,20 @@ class SimKafka:
         """One partition's records from offset ``start`` (at most ``count``), in offset order."""
         log = self._partition(topic, partition)
         return log[start:] if count is None else log[start:start + count]
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background (the cluster's own doings: noticing a dead member)."""
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(work)
+        self.tasks.add(task)
+
+        def done(task: asyncio.Task[None]) -> None:
+            self.tasks.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                loop.call_exception_handler({"message": "a task of the simulated Kafka failed",
+                                             "exception": task.exception(), "task": task})
+
+        task.add_done_callback(done)
 
     def check_up(self, what: str) -> None:
         """Raise the retriable error a real client raises while the broker is unavailable."""

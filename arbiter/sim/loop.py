@@ -13,7 +13,8 @@ depends on it).
 
 A loop with nothing ready, no timer and nothing to wake it can never go on: the simulation is
 stuck (every task waits for something no one will do), which ``run`` reports as ``SimStuck``
-instead of hanging.
+instead of hanging. An exception in a task no one awaits is not lost: ``run`` raises it (as the
+cause of ``SimStuck``, when it is why the rest waits).
 """
 
 from __future__ import annotations
@@ -75,6 +76,10 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         self._start_ms = start_ms
         self._now = 0.0
         super().__init__(_NoIO(self))
+        self.failures: list[BaseException] = []
+        """What failed where no one awaited it (a background task's exception): ``run`` raises the first."""
+        self.set_exception_handler(lambda _loop, context: self.failures.append(
+            context.get("exception") or RuntimeError(str(context.get("message")))))
 
     def time(self) -> float:
         return self._now
@@ -96,7 +101,15 @@ def run(main: Coroutine[Any, Any, T], start_ms: int = EPOCH_MS) -> T:
     loop = VirtualLoop(start_ms)
     try:
         with clock_of(loop.now_ms):
-            return loop.run_until_complete(main)
+            try:
+                result = loop.run_until_complete(main)
+            except SimStuck as stuck:
+                if loop.failures:  # a task that failed in the background is most often why the rest waits
+                    raise stuck from loop.failures[0]
+                raise
+            if loop.failures:
+                raise loop.failures[0]
+            return result
     finally:
         try:
             _cancel_all(loop)

@@ -43,6 +43,22 @@ def test_a_run_where_everyone_waits_forever_is_stuck_not_hung() -> None:
         run(main())
 
 
+def test_a_background_failure_is_raised_not_lost() -> None:
+    kafka = SimKafka()
+
+    async def broken() -> None:
+        await asyncio.sleep(1)
+        raise ValueError("the coordinator broke")
+
+    async def main() -> None:
+        kafka.spawn(broken())
+        await asyncio.Event().wait()  # waits for what the broken task would have done
+
+    with pytest.raises(SimStuck) as stuck:
+        run(main())
+    assert isinstance(stuck.value.__cause__, ValueError)
+
+
 def test_the_clock_starts_where_a_simulation_says() -> None:
     async def main() -> int:
         return now_ms()

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from arbiter.edge.kafkaio import Headers, KafkaIOError, Received, TopicPartition
+from arbiter.schemas.partitioning import partition_for
 
 from .kafka import SimKafka
 
@@ -64,8 +65,10 @@ class GroupMetadata:
 class SimGroup:
     """A consumer-group member on the simulated Kafka (see the module's docstring)."""
 
-    def __init__(self, kafka: SimKafka, *, member_id: str, group_id: str, session_ms: int = 6_000) -> None:
+    def __init__(self, kafka: SimKafka, *, member_id: str, group_id: str, session_ms: int = 6_000,
+                 owner: str = "") -> None:
         self.kafka, self.member_id, self.group_id, self.session_ms = kafka, member_id, group_id, session_ms
+        self.owner = owner
         self._topics: list[str] = []
         self._listener: Listener | None = None
         self._assigned: set[TopicPartition] = set()
@@ -85,14 +88,15 @@ class SimGroup:
         await rebalance(self.kafka, group)
 
     async def stop(self) -> None:
-        """Leave the group at once (the others get its partitions now; its listener is not run)."""
+        """Leave the group at once: the others get its partitions in a rebalance this does not wait for (as
+        Kafka's coordinator runs it with the members that stay); its own listener is not run."""
         if not self._alive:
             return
         self._alive = False
         group = _coordinator(self.kafka, self.group_id)
         group.members.pop(self.member_id, None)
         self._assigned.clear()
-        await rebalance(self.kafka, group)
+        self.kafka.spawn(rebalance(self.kafka, group))
 
     def crash(self) -> None:
         """Die where it stands: no revoke, no commit; the group notices after the session timeout."""
@@ -130,16 +134,17 @@ class SimGroup:
 
     async def commit(self, offsets: dict[TopicPartition, int]) -> None:
         """Commit for the group; refused (not retriable) from a member that no longer owns a partition."""
-        self.kafka.check_up("committing offsets")
+        self.kafka.check_up("committing offsets", self.owner)
         _commit(self.kafka, GroupMetadata(self.group_id, self.member_id, self._generation), offsets)
 
     async def getmany(self, timeout_ms: int, max_records: int) -> dict[TopicPartition, list[Received]]:
         """The records of its partitions from its positions on (waiting up to ``timeout_ms`` for some)."""
         if not self._alive:
             raise KafkaIOError("the member has stopped", retriable=False)
+        await asyncio.sleep(self.kafka.faults.fetch_s)
         out = self._take(max_records)
         if not out and timeout_ms > 0:
-            await self.kafka.appended(timeout_ms / 1000)
+            await self.kafka.appended(timeout_ms / 1000, sorted(self._assigned))
             out = self._take(max_records)
         return out
 
@@ -215,8 +220,8 @@ async def rebalance(kafka: SimKafka, group: _Coordinator) -> None:
 class SimTxnProducer:
     """A transactional producer on the simulated Kafka (see the module's docstring)."""
 
-    def __init__(self, kafka: SimKafka, transactional_id: str) -> None:
-        self.kafka, self.transactional_id = kafka, transactional_id
+    def __init__(self, kafka: SimKafka, transactional_id: str, owner: str = "") -> None:
+        self.kafka, self.transactional_id, self.owner = kafka, transactional_id, owner
         self._epoch = -1
         self._pending: list[tuple[str, int, bytes | None, bytes | None, Headers]] | None = None
         self._offsets: tuple[GroupMetadata, dict[TopicPartition, int]] | None = None
@@ -228,15 +233,27 @@ class SimTxnProducer:
             self.transactional_id, -1) + 1
 
     def begin(self) -> None:
+        if self.owner and self.owner in self.kafka.dead:
+            raise KafkaIOError(f"{self.owner} is dead", retriable=False)
         self._check_fenced()
         self._pending, self._offsets = [], None
 
-    async def produce(self, records: list[tuple[str, int, bytes | None, bytes | None, Headers]]) -> None:
-        """Add records (topic, partition, key, value, headers) to the open transaction."""
+    async def produce(self, records: list[tuple[str, int | None, bytes | None, bytes | None, Headers]]
+                      ) -> asyncio.Future[None]:
+        """Add records (topic, partition or None for the key's, key, value, headers) to the open transaction;
+        a future done at once (they land, or not, with the transaction)."""
         self._check_fenced()
         if self._pending is None:
             raise KafkaIOError("no transaction is open", retriable=False)
-        self._pending.extend(records)
+        for topic, partition, key, value, headers in records:
+            where = partition if partition is not None else partition_for(key or b"", len(self.kafka.topics[topic]))
+            self._pending.append((topic, where, key, value, headers))
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    async def stop(self) -> None:
+        self._pending, self._offsets = None, None
 
     async def send_offsets(self, offsets: dict[TopicPartition, int], group: GroupMetadata) -> None:
         self._check_fenced()
@@ -245,7 +262,7 @@ class SimTxnProducer:
     async def commit(self) -> None:
         """Make the transaction's records and offsets visible together; refused if fenced or if the offsets
         were sent for a generation the group has left behind (the transaction is then aborted)."""
-        self.kafka.check_up("committing a transaction")
+        self.kafka.check_up("committing a transaction", self.owner)
         self._check_fenced()
         pending, offsets, self._pending, self._offsets = self._pending or [], self._offsets, None, None
         if offsets is not None:

@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from arbiter.edge.clock import now_ms
-from arbiter.edge.kafkaio import Headers, KafkaIOError, Positions, Received, TopicPartition
+from arbiter.edge.kafkaio import Headers, KafkaIOError, Positions, Received, TopicPartition, clients_of
 from arbiter.schemas.partitioning import partition_for
 
 
@@ -42,6 +42,9 @@ class Faults:
     """A read waits a random while up to this long before it looks (a slow consumer)."""
     outages: tuple[tuple[float, float], ...] = ()
     """(from, until) windows of virtual seconds since the start when no call succeeds."""
+    fetch_s: float = 0.001
+    """Every fetch takes at least this long (a round trip to the broker): a consumer that fetches the same
+    records again and again spins in time, as it would on a real broker, not in one instant forever."""
 
 
 @dataclass
@@ -57,7 +60,10 @@ class SimKafka:
     txn_epochs: dict[str, int] = field(default_factory=dict)
     """Each transactional id's current producer epoch: an older one is fenced."""
     tasks: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
-    _appended: asyncio.Event | None = field(default=None, repr=False)
+    dead: set[str] = field(default_factory=set)
+    """Owners whose clients crashed: every call of theirs fails from then on (``kill``)."""
+    _waiting: dict[tuple[str, int], list[asyncio.Future[None]]] = field(default_factory=dict, repr=False)
+    """Per partition, the readers waiting for its next record."""
     _start: float | None = field(default=None, repr=False)
 
     def create_topic(self, name: str, partitions: int) -> None:
@@ -68,7 +74,7 @@ class SimKafka:
         """Append one record now; its offset."""
         log = self._partition(topic, partition)
         log.append(Received(topic, partition, len(log), key, value, list(headers), now_ms()))
-        self._wake()
+        self._wake(topic, partition)
         return len(log) - 1
 
     def records(self, topic: str, partition: int, start: int = 0, count: int | None = None) -> list[Received]:
@@ -90,8 +96,15 @@ class SimKafka:
 
         task.add_done_callback(done)
 
-    def check_up(self, what: str) -> None:
-        """Raise the retriable error a real client raises while the broker is unavailable."""
+    def kill(self, owner: str) -> None:
+        """``owner``'s process died: none of its clients reaches the cluster again."""
+        self.dead.add(owner)
+
+    def check_up(self, what: str, owner: str = "") -> None:
+        """Raise the retriable error a real client raises while the broker is unavailable (and a fatal one
+        for a client whose process died)."""
+        if owner and owner in self.dead:
+            raise KafkaIOError(f"{what}: {owner} is dead", retriable=False)
         loop = asyncio.get_running_loop()
         if self._start is None:
             self._start = loop.time()
@@ -99,17 +112,28 @@ class SimKafka:
         if any(start <= at < end for start, end in self.faults.outages):
             raise KafkaIOError(f"{what}: the simulated broker is unavailable (at {at:.3f} s)", retriable=True)
 
-    async def appended(self, timeout: float) -> None:
-        """Wait until something is appended, or ``timeout`` seconds pass."""
-        if self._appended is None:
-            self._appended = asyncio.Event()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._appended.wait(), timeout)
+    async def appended(self, timeout: float, partitions: Iterable[tuple[str, int]]) -> None:
+        """Wait until a record is appended to one of ``partitions``, or ``timeout`` seconds pass."""
+        wanted = list(partitions)
+        if not wanted:
+            await asyncio.sleep(timeout)
+            return
+        woken: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for tp in wanted:
+            self._waiting.setdefault(tp, []).append(woken)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken, timeout)
+        finally:
+            for tp in wanted:
+                waiting = self._waiting.get(tp)
+                if waiting is not None and woken in waiting:
+                    waiting.remove(woken)
 
-    def _wake(self) -> None:
-        if self._appended is not None:
-            self._appended.set()
-            self._appended = None
+    def _wake(self, topic: str, partition: int) -> None:
+        for woken in self._waiting.pop((topic, partition), ()):
+            if not woken.done():
+                woken.set_result(None)
 
     def _partition(self, topic: str, partition: int) -> list[Received]:
         parts = self.topics.get(topic)
@@ -160,9 +184,10 @@ class SimSender:
 class SimReader:
     """The seam's ``Reader`` over a ``SimKafka`` (every record is committed: it writes no transactions)."""
 
-    def __init__(self, kafka: SimKafka, max_batch: int = 500) -> None:
+    def __init__(self, kafka: SimKafka, max_batch: int = 500, owner: str = "") -> None:
         self.kafka = kafka
         self.max_batch = max_batch
+        self.owner = owner
         self._positions = Positions()
 
     async def start(self) -> None:
@@ -205,11 +230,12 @@ class SimReader:
 
     async def read(self, timeout: float) -> list[Received]:
         kafka = self.kafka
-        if kafka.faults.read_delay_s:
-            await asyncio.sleep(kafka.rng.uniform(0, kafka.faults.read_delay_s))
+        kafka.check_up("reading", self.owner)
+        await asyncio.sleep(kafka.faults.fetch_s + (kafka.rng.uniform(0, kafka.faults.read_delay_s)
+                                                    if kafka.faults.read_delay_s else 0.0))
         got = self._take()
         if not got and timeout > 0:
-            await kafka.appended(timeout)
+            await kafka.appended(timeout, self._positions.next)
             got = self._take()
         return got
 
@@ -222,3 +248,42 @@ class SimReader:
             if len(out) >= self.max_batch:
                 break
         return out
+
+
+class SimProducer:
+    """A producer with librdkafka's interface (``arbiter.edge.kafkaio.group.RdProducer``), for a worker."""
+
+    def __init__(self, kafka: SimKafka, owner: str = "") -> None:
+        self.kafka, self.owner = kafka, owner
+
+    async def start(self) -> None:
+        self.kafka.check_up("connecting", self.owner)
+
+    async def stop(self) -> None:
+        return None
+
+    async def produce(self, records: list[tuple[str, int | None, bytes | None, bytes | None, Headers]]
+                      ) -> asyncio.Future[None]:
+        """Append ``records`` in order (each on its partition, or its key's); a future done once all landed."""
+        self.kafka.check_up("producing", self.owner)
+        for topic, partition, key, value, headers in records:
+            where = partition if partition is not None else partition_for(key or b"", len(self.kafka.topics[topic]))
+            self.kafka.append(topic, where, key, value or b"", headers)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
+
+    async def send(self, topic: str, value: bytes, *, key: bytes | None = None, partition: int | None = None,
+                   headers: Headers | None = None) -> asyncio.Future[None]:
+        return await self.produce([(topic, partition, key, value, headers or [])])
+
+    async def send_and_wait(self, topic: str, value: bytes, *, key: bytes | None = None,
+                            partition: int | None = None, headers: Headers | None = None) -> None:
+        await (await self.send(topic, value, key=key, partition=partition, headers=headers))
+
+
+@contextlib.contextmanager
+def seam_of(kafka: SimKafka) -> Iterator[None]:
+    """Inside the block every client the seam makes (the SDK's, the registry feed's...) is ``kafka``'s."""
+    with clients_of(lambda: SimSender(kafka), lambda: SimReader(kafka)):
+        yield

@@ -6,10 +6,10 @@ asyncio's loop runs every ready callback, then asks its selector for I/O, waitin
 next timer. ``VirtualLoop`` gives it a selector with no I/O that, asked to wait, moves the virtual
 clock forward by the wait instead: the next timer is due at once, so a 30 s lease expires in no
 time, and the order of everything that happens is the order of the timers and callbacks alone.
-Nothing here reads the machine's clock or starts a thread; ``arbiter.edge.clock.now_ms`` reads
-the virtual clock while ``run`` runs. One seed, one schedule: run twice, the same things happen in
-the same order (with ``PYTHONHASHSEED`` fixed, as ``./dev sim`` does, since a set's order of strings
-depends on it).
+Nothing here reads the machine's clock or starts a thread; ``arbiter.edge.clock.now_ms`` and
+``time.monotonic`` read the virtual clock while ``run`` runs. One seed, one schedule: run twice, the
+same things happen in the same order (with ``PYTHONHASHSEED`` fixed, as ``./dev sim`` does, since a
+set's order of strings depends on it).
 
 A loop with nothing ready, no timer and nothing to wake it can never go on: the simulation is
 stuck (every task waits for something no one will do), which ``run`` reports as ``SimStuck``
@@ -24,6 +24,7 @@ import math
 import selectors
 from collections.abc import Coroutine, Mapping
 from typing import Any, TypeVar
+from unittest import mock
 
 from arbiter.edge.clock import clock_of
 
@@ -100,7 +101,9 @@ def run(main: Coroutine[Any, Any, T], start_ms: int = EPOCH_MS) -> T:
     it can never end."""
     loop = VirtualLoop(start_ms)
     try:
-        with clock_of(loop.now_ms):
+        # Every clock the code reads is the virtual one: a deadline on time.monotonic would otherwise pass
+        # by the machine's clock, at a virtual moment that depends on how fast the machine is.
+        with clock_of(loop.now_ms), mock.patch("time.monotonic", loop.time):
             try:
                 result = loop.run_until_complete(main)
             except SimStuck as stuck:

@@ -39,6 +39,7 @@ from .seam import (
     Received,
     Sender,
     TopicPartition,
+    clients_of,
     reader_for,
     sender_for,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "Received",
     "Sender",
     "TopicPartition",
+    "clients_of",
     "reader_for",
     "sender_for",
 ]

@@ -5,6 +5,9 @@ the ``kafka_client`` setting. (Theory of operation: the package's docstring, ``a
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -154,8 +157,27 @@ class Positions:
         return True
 
 
+_MADE_BY: ContextVar[tuple[Callable[[], Sender], Callable[[], Reader]] | None] = ContextVar(
+    "arbiter_kafka_clients", default=None)
+
+
+@contextlib.contextmanager
+def clients_of(sender: Callable[[], Sender], reader: Callable[[], Reader]) -> Iterator[None]:
+    """Inside the block, and in the tasks started in it, ``sender_for`` and ``reader_for`` make their clients
+    with these whatever the settings say: how a simulation (``arbiter.sim``) puts its Kafka under the SDK,
+    the registry feed and the rest, in one process beside other runs."""
+    token = _MADE_BY.set((sender, reader))
+    try:
+        yield
+    finally:
+        _MADE_BY.reset(token)
+
+
 def sender_for(settings: Settings) -> Sender:
     """The ``kafka_client`` setting's sender for ``settings``."""
+    made_by = _MADE_BY.get()
+    if made_by is not None:
+        return made_by[0]()
     if settings.kafka_client == "aiokafka":
         from .aio import AioSender
 
@@ -167,6 +189,9 @@ def sender_for(settings: Settings) -> Sender:
 
 def reader_for(settings: Settings, fetch: Fetch | None = None) -> Reader:
     """The ``kafka_client`` setting's reader for ``settings``."""
+    made_by = _MADE_BY.get()
+    if made_by is not None:
+        return made_by[1]()
     if settings.kafka_client == "aiokafka":
         from .aio import AioReader
 

@@ -49,7 +49,7 @@ import signal
 import time
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import KafkaError, ProducerFenced
@@ -58,7 +58,7 @@ from aiokafka.structs import ConsumerRecord
 from arbiter.edge.clock import now_ms
 from arbiter.edge.kafkaauth import kafka_client_options
 from arbiter.edge.kafkaconn import Repeats, close_client, describe
-from arbiter.edge.kafkaio import Fetch, KafkaIOError
+from arbiter.edge.kafkaio import Fetch, KafkaIOError, Reader
 from arbiter.edge.kafkaio.group import RdGroup, RdProducer, RdTxnProducer
 from arbiter.edge.kafkaio.rdkafka import RdReader
 from arbiter.edge.keys import anchors_for, signer_for
@@ -210,6 +210,26 @@ class ChangelogTable(MutableMapping[bytes, Any]):
         return out
 
 
+class Clients(Protocol):
+    """Where a worker's Kafka clients come from instead of the ``kafka_client`` setting: a simulation's
+    (``arbiter.sim``), with librdkafka's interfaces (``arbiter.edge.kafkaio.group``)."""
+
+    async def prepare(self, changelogs: list[str]) -> None:
+        """Create the topics and these changelogs if they do not exist."""
+
+    def producer(self) -> Any:
+        """A producer like ``RdProducer``."""
+
+    def reader(self) -> Reader:
+        """A reader for the changelogs (the seam's)."""
+
+    def group(self, member_id: str, group_id: str, session_ms: int) -> Any:
+        """A group member like ``RdGroup``."""
+
+    def transactional(self, transactional_id: str) -> Any:
+        """A transactional producer like ``RdTxnProducer``."""
+
+
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka ships no types: its base is Any here
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
@@ -230,17 +250,19 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka sh
 class Worker:
     """One worker process: the three processors, their tables, the clock, the trust gate."""
 
-    def __init__(self, settings: Settings, tools: ToolRunner | None = None) -> None:
+    def __init__(self, settings: Settings, tools: ToolRunner | None = None, clients: Clients | None = None) -> None:
         self.settings = settings
+        self.clients = clients
+        """Where its Kafka clients come from, when not from the ``kafka_client`` setting (a simulation's)."""
         self.me = worker_id(settings)
         self.codec = default_codec(settings.max_message_bytes)
         self.kafka = kafka_client_options(settings)
         self._lose_outputs = None if (prefix := lost_outputs_failpoint()) is None else prefix.encode()
         self.rules = Rules.from_settings(settings)
         self.exactly_once = settings.processing_guarantee == "exactly_once"
-        self.rdkafka = settings.kafka_client == "librdkafka"
-        """The input consumer, the producers and the restorer on librdkafka (``arbiter.edge.kafkaio``);
-        aiokafka's with ``kafka_client=aiokafka``."""
+        self.rdkafka = settings.kafka_client == "librdkafka" or clients is not None
+        """The input consumer, the producers and the restorer on librdkafka (``arbiter.edge.kafkaio``), or
+        ``clients`` with their interface; aiokafka's with ``kafka_client=aiokafka``."""
         self.signer = signer_for(settings.home, settings.identity or ROLE_WORKER, settings.identity_key)
         self.registry = Registry(anchors_for(settings.home, settings.admin_public_keys))
         self.gate = Gate(self.registry, enabled=settings.verify_signatures)
@@ -307,7 +329,7 @@ class Worker:
     def _batches(self, producer: Any = None) -> _Batches | _RdBatches:
         """A packer of records for ``producer`` (default: the worker's own)."""
         producer = self.producer if producer is None else producer
-        return _RdBatches(producer) if isinstance(producer, RdProducer) else _Batches(producer)
+        return _RdBatches(producer) if self.rdkafka else _Batches(producer)
 
     # -- lifecycle --------------------------------------------------------------------
 
@@ -400,17 +422,23 @@ class Worker:
     async def _start(self) -> None:
         """Topics, registry, producers and the group membership: everything before the first batch."""
         settings = self.settings
-        await ensure_topics(settings)
-        await ensure_changelogs(settings, [t.topic for t in self.tables.values()])
+        if self.clients is not None:
+            await self.clients.prepare([t.topic for t in self.tables.values()])
+        else:
+            await ensure_topics(settings)
+            await ensure_changelogs(settings, [t.topic for t in self.tables.values()])
         await self.feed.start()
         mine = self.registry.entries.get(self.signer.key_id)
         if settings.verify_signatures and (mine is None or mine.role != ROLE_WORKER or mine.status != ACTIVE):
             log.error("this worker's key %s (%s) is not registered as an active worker identity; run "
                       "'arbiter agents add %s --role worker'", self.signer.key_id[:16], self.signer.name,
                       self.signer.name)
-        self.producer = RdProducer(settings) if self.rdkafka else self._producer()
+        self.producer = (self.clients.producer() if self.clients is not None else RdProducer(settings)
+                         if self.rdkafka else self._producer())
         await self.producer.start()
-        if self.rdkafka:
+        if self.clients is not None:
+            self.restorer = self.clients.reader()
+        elif self.rdkafka:
             self.restorer = RdReader(settings, Fetch(max_wait_ms=settings.fetch_max_wait_ms,
                                                      max_partition_bytes=2 * settings.max_message_bytes))
         else:
@@ -424,10 +452,12 @@ class Worker:
             partitions=settings.partitions, at_ms=now_ms()))
         session, heartbeat = await self._session_timeouts()
         if self.rdkafka:
-            self.consumer = RdGroup(settings, client_id=self.me, group_id=settings.app_id,
-                                    session_ms=round(session * 1000), heartbeat_ms=round(heartbeat * 1000),
-                                    rebalance_ms=max(30_000, round(3 * session * 1000)),
-                                    max_batch=settings.max_batch)
+            self.consumer = (self.clients.group(self.me, settings.app_id, round(session * 1000))
+                             if self.clients is not None else
+                             RdGroup(settings, client_id=self.me, group_id=settings.app_id,
+                                     session_ms=round(session * 1000), heartbeat_ms=round(heartbeat * 1000),
+                                     rebalance_ms=max(30_000, round(3 * session * 1000)),
+                                     max_batch=settings.max_batch))
             self.consumer.subscribe(sorted(self.inputs), listener=_Listener(self))
             await self.consumer.start()
             return
@@ -452,7 +482,7 @@ class Worker:
         failover time's largest part) and heartbeat interval to use: the configured ones, brought
         within what the brokers accept (a broker refuses a group member outside its bounds)."""
         session = self.settings.session_timeout
-        bounds = await group_session_bounds(self.settings)
+        bounds = None if self.clients is not None else await group_session_bounds(self.settings)
         if bounds is not None and not bounds[0] <= session <= bounds[1]:
             wanted, session = session, min(max(session, bounds[0]), bounds[1])
             log.warning("the brokers accept session timeouts of %g to %g s (group.min/max.session.timeout.ms), "
@@ -709,8 +739,7 @@ class Worker:
 
     async def _commit_transaction(self, producer: Any, tp: TopicPartition, offset: int) -> None:
         """The input's offset into the transaction, then the transaction's commit."""
-        if isinstance(producer, RdTxnProducer):
-            assert isinstance(self.consumer, RdGroup)
+        if self.rdkafka:
             await producer.send_offsets({tp: offset}, await self.consumer.group_metadata())
             await producer.commit()
         else:
@@ -847,7 +876,8 @@ class Worker:
             if old is not None:
                 await old.stop()
             name = f"{self.settings.app_id}-{tp.topic}-{tp.partition}"
-            producer = RdTxnProducer(self.settings, name) if self.rdkafka else self._producer(name)
+            producer = (self.clients.transactional(name) if self.clients is not None else
+                        RdTxnProducer(self.settings, name) if self.rdkafka else self._producer(name))
             await producer.start()
             self.transactional[tp] = producer
 
@@ -869,7 +899,7 @@ class Worker:
         # Only a key's last record counts: keep the raw bytes and decode each key once at the end
         # (a changelog not yet compacted holds every change of every key).
         latest: dict[tuple[TopicPartition, bytes], bytes | None] = {}
-        if isinstance(self.restorer, RdReader):
+        if self.rdkafka:
             count = await _read_changelogs(self.restorer, sorted(where), latest)
         else:
             count = await self._read_changelogs_aio(sorted(where), latest)
@@ -1003,7 +1033,7 @@ class _Stats:
     deciding: float = 0.0
     producing: float = 0.0
     committing: float = 0.0
-    since: float = field(default_factory=time.monotonic)
+    since: float = field(default_factory=lambda: time.monotonic())
 
     def add(self, inputs: int, outputs: int, deciding: float, producing: float, committing: float) -> None:
         self.batches += 1
@@ -1071,7 +1101,7 @@ class _RdBatches:
         return [await self.producer.produce(records)] if records else []
 
 
-async def _read_changelogs(reader: RdReader, ctps: list[TopicPartition],
+async def _read_changelogs(reader: Reader, ctps: list[TopicPartition],
                            latest: dict[tuple[TopicPartition, bytes], bytes | None]) -> int:
     """Read each changelog partition of ``ctps`` from its first record to its end as of now, each key's
     last value into ``latest``; the number of records read. The partitions are dropped after."""
@@ -1108,7 +1138,7 @@ def _report_restore(count: int, remaining: int, last: float) -> float:
 
 async def _begin(producer: Any) -> None:
     """Begin a transaction on either client's transactional producer."""
-    if isinstance(producer, RdTxnProducer):
+    if hasattr(producer, "begin"):  # librdkafka's (or a simulation's)
         producer.begin()
     else:
         await producer.begin_transaction()
@@ -1120,7 +1150,7 @@ async def _abort(producer: Any, failure: BaseException) -> None:
     if isinstance(failure, ProducerFenced) or getattr(failure, "fenced", False):
         return
     with contextlib.suppress(*KAFKA_ERRORS):
-        await (producer.abort() if isinstance(producer, RdTxnProducer) else producer.abort_transaction())
+        await (producer.abort() if hasattr(producer, "begin") else producer.abort_transaction())
 
 
 def _retrieved(fut: asyncio.Future[Any]) -> None:

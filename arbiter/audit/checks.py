@@ -763,8 +763,8 @@ class _Graph:
         if cause is None:
             return False  # an agent's own edge (a delegation): one message, never sent again by a worker
         last = self.caused.get(change.edge_id)
-        if last is not None and last[0] == cause.partition and cause.offset <= last[1]:
-            return True
+        if last is not None and last[0] == cause.partition and cause.offset < last[1]:
+            return True  # (one decision may change an edge twice: its own later changes are no copies)
         self.caused[change.edge_id] = (cause.partition, cause.offset)
         return False
 

@@ -16,7 +16,9 @@ from arbiter.sim.scenarios import Outcome, worker_crash
 from arbiter.streams.cores import leases
 from arbiter.streams.runtime import worker as worker_module
 
-SEEDS = range(4)
+SEEDS = (0, 1, 2, 3, 17)
+"""Seed 17 found a phantom deadlock: one decision that added and removed the same wait edge had its removal
+taken for a copy (by the detector and by the audit alike)."""
 
 
 def _log(outcome: Outcome) -> list[tuple[str, int, int, bytes | None, bytes | None, int]]:

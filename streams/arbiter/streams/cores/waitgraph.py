@@ -95,11 +95,17 @@ class WaitGraph:
         died before committing is redelivered its inputs, and decides them again: the same changes,
         sent again, at new positions; their causes say which decisions the graph holds (a book decides
         one resource's changes in its partition's order). Folding either again would bring back edges
-        removed since, and close cycles that no longer exist; neither hides a later, real change."""
+        removed since, and close cycles that no longer exist; neither hides a later, real change.
+
+        A copy is a change of an earlier decision: one decision may change an edge more than once (a waiter
+        put behind one holder, then the next, as a cascade of grants and expiries moves its queue), and its
+        later changes are no copies of its first (a simulated run found the removal skipped, and a phantom
+        deadlock detected on the edge left behind). A copy of the last decision is folded again: its
+        changes, in order, end where the first delivery ended."""
         if position <= max(self.at.get(edge_id, -1), self.removed.get(edge_id, -1)):
             return True
         last = self.caused.get(edge_id)
-        return cause is not None and last is not None and last[0] == cause[0] and cause[1] <= last[1]
+        return cause is not None and last is not None and last[0] == cause[0] and cause[1] < last[1]
 
     def touching(self, agent: str) -> list[Edge]:
         """Every edge into or out of ``agent``, sorted by id."""

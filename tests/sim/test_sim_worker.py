@@ -8,11 +8,18 @@ in the code (here by patching it for one run) must be found, each within a few s
 
 from __future__ import annotations
 
+import asyncio
+import random
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from arbiter.sim.scenarios import Outcome, worker_crash
+from arbiter.edge.kafkaio import KafkaIOError
+from arbiter.sim.kafka import SimKafka
+from arbiter.sim.loop import run
+from arbiter.sim.scenarios import Outcome, settings_for, worker_crash
+from arbiter.sim.worker import SimClients
 from arbiter.streams.cores import leases
 from arbiter.streams.runtime import worker as worker_module
 
@@ -64,3 +71,27 @@ def test_a_restore_that_brings_back_nothing_is_found(monkeypatch: pytest.MonkeyP
         patch.setattr(worker_module.Worker, "_restore", forgetful)
         found = next((seed for seed in SEEDS if worker_crash(seed).findings), None)
     assert found is not None, "the planted restore bug went unnoticed"
+
+
+def test_a_worker_cancelled_while_it_starts_leaves_nothing_behind(monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:
+    """Found by the churn scenario: a worker whose process died while it was still starting (its task
+    cancelled) left its start running, and the start's failure surfaced later, unheard of."""
+    async def slow_start(self: worker_module.Worker) -> None:
+        await asyncio.sleep(1.0)
+        raise KafkaIOError("connecting: the broker never answered", retriable=True)
+
+    monkeypatch.setattr(worker_module.Worker, "_start", slow_start)
+    settings = settings_for(random.Random(0), tmp_path)
+    kafka = SimKafka()
+
+    async def main() -> bool:
+        worker = worker_module.Worker(settings, clients=SimClients(kafka, settings))
+        task = asyncio.get_running_loop().create_task(worker.run())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.sleep(2.0)  # past the moment the start would have failed
+        return task.cancelled()
+
+    assert run(main())  # (and no failure of a task left behind: ``run`` raises those)

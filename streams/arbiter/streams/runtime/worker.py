@@ -371,6 +371,10 @@ class Worker:
         stop = asyncio.ensure_future(self.stopping.wait())
         try:
             await asyncio.wait({starting, stop}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the worker's own task is cancelled: so is its start
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+            raise
         finally:
             stop.cancel()
         if not starting.done():

@@ -711,8 +711,14 @@ def check_cycles(log: Log, settings: Settings, findings: Findings) -> dict[str, 
         # other edges (a timeout may even break the cycle first): match them by cause.
         # Refused or forged messages were never decided: they neither add edges nor break cycles.
         entries = [e for e in entries if not findings.excluded(e)]
-        detected = {f"{r.cause.topic}[{r.cause.partition}]@{r.cause.offset}"
-                    for e in entries if isinstance(r := e.record, DeadlockDetected)}
+        # The detector breaks a cycle as it folds the edge that closed it (the victim's waits leave its
+        # graph at once); its detection is appended after, maybe after other edges that a graph still
+        # holding the victim's waits would take for new cycles. So a detection acts here at its cause.
+        detections: dict[str, list[DeadlockDetected]] = defaultdict(list)
+        for e in entries:
+            if isinstance(r := e.record, DeadlockDetected):
+                detections[f"{r.cause.topic}[{r.cause.partition}]@{r.cause.offset}"].append(r)
+        detected, applied = set(detections), set()
         graphs: dict[bytes, _Graph] = defaultdict(_Graph)
         for entry in entries:
             record = entry.record
@@ -722,13 +728,19 @@ def check_cycles(log: Log, settings: Settings, findings: Findings) -> dict[str, 
             if isinstance(record, WaitEdgeAdded):
                 if graph.add(record) and graph.reaches(record.holder, record.waiter):
                     graph.pending[entry.where] = entry
+                for detection in detections.get(entry.where, ()) if entry.where not in applied else ():
+                    graph.cancel(detection.victim)
+                    graph.pending.pop(entry.where, None)
+                applied.add(entry.where)
             elif isinstance(record, WaitEdgeRemoved):
                 graph.remove(record.edge_id)
             elif isinstance(record, DeadlockDetected):
                 deadlocks += 1
-                graph.cancel(record.victim)
                 cause = record.cause
-                graph.pending.pop(f"{cause.topic}[{cause.partition}]@{cause.offset}", None)
+                where = f"{cause.topic}[{cause.partition}]@{cause.offset}"
+                if where not in applied:  # (its cause is not in this log: act where it is)
+                    graph.cancel(record.victim)
+                graph.pending.pop(where, None)
             for where, closing in list(graph.pending.items()):
                 if closing is not entry and not graph.has_cycle():
                     if where not in detected:

@@ -140,3 +140,48 @@ def test_edges_a_redelivered_lease_book_sends_again_close_no_cycle() -> None:
     found = Findings()
     check_cycles(log, golden_settings(log), found)
     assert [f.check for f in found.items] == ["cycles_resolved"]
+
+
+def _graph_log(changes: list[tuple[str, str, str] | DeadlockDetected]) -> Log:
+    """A wait-edges partition of lock edges (kind, waiter, holder), each its own decision, and detections."""
+    log = ring()
+    topic = log.topics.wait_edges
+    entries = []
+    for offset, change in enumerate(changes):
+        record: WaitEdgeAdded | WaitEdgeRemoved | DeadlockDetected
+        if isinstance(change, DeadlockDetected):
+            record = change
+        else:
+            kind, waiter, holder = change
+            edge = dict(edge_id=f"lock|doc:a|{waiter}|{holder}", waiter=waiter, holder=holder, source="lock",
+                        resource="doc:a", at_ms=1_000 + offset,
+                        cause=Cause(topic=log.topics.resource_commands, partition=3, offset=offset))
+            record = (WaitEdgeAdded(waiter_priority=0, waiter_registered_at_ms=0, **edge) if kind == "add"
+                      else WaitEdgeRemoved(**edge))
+        entries.append(Entry(topic, 0, offset, 1_000 + offset, b"graph", record))
+    log.partitions = {(topic, 0): entries}
+    return log
+
+
+def test_a_detection_acts_at_the_edge_that_closed_its_cycle_not_where_it_is_logged() -> None:
+    """Found by ./dev sim (churn, seed 191): the detector broke a cycle as it folded the edge that closed it
+    (its victim's waits left its graph), and its detection landed a few edges later. Meanwhile a new edge
+    closed a cycle through the victim's wait, which the audit's graph still held: a cycle "broken without a
+    detection". The detector saw none, rightly; the audit now applies a detection at its cause too."""
+    log = ring()
+    detection = DeadlockDetected(detection_id="deadlock|x|0", victim="eve", cycle=["eve", "cy", "dan", "ann"],
+                                 cycle_json="[]", message="", at_ms=1_003,
+                                 cause=Cause(topic=log.topics.wait_edges, partition=0, offset=3))
+    changes: list[tuple[str, str, str] | DeadlockDetected] = [
+        ("add", "ann", "eve"), ("add", "cy", "dan"), ("add", "dan", "ann"),
+        ("add", "eve", "cy"),  # closes eve -> cy -> dan -> ann -> eve: eve is the victim
+        ("del", "dan", "ann"), ("del", "cy", "dan"),
+        ("add", "cy", "ann"), ("del", "cy", "ann"),  # cy -> ann -> eve -> cy only while eve's wait is kept
+        detection]
+    found = Findings()
+    check_cycles(_graph_log(changes), golden_settings(log), found)
+    assert found.items == []
+    # Without its detection, the first cycle is still reported.
+    found = Findings()
+    check_cycles(_graph_log(changes[:-1]), golden_settings(log), found)
+    assert found.items and {f.check for f in found.items} == {"cycles_resolved"}

@@ -141,7 +141,8 @@ class SimGroup:
         """The records of its partitions from its positions on (waiting up to ``timeout_ms`` for some)."""
         if not self._alive:
             raise KafkaIOError("the member has stopped", retriable=False)
-        await asyncio.sleep(self.kafka.faults.fetch_s)
+        if not await self.kafka.fetched(timeout_ms / 1000):
+            return {}
         out = self._take(max_records)
         if not out and timeout_ms > 0:
             await self.kafka.appended(timeout_ms / 1000, sorted(self._assigned))
@@ -171,7 +172,9 @@ class SimGroup:
         self._assigned = set(partitions)
         committed = self.kafka.committed.get(self.group_id, {})
         self._next = {tp: committed.get(tp, 0) for tp in partitions}
-        if partitions and self._listener is not None and self._alive:
+        # Told even of an empty assignment, as librdkafka and aiokafka tell it: a member left with nothing
+        # must hear that what was revoked is not coming back.
+        if self._listener is not None and self._alive:
             await self._listener.on_partitions_assigned(set(partitions))
 
 

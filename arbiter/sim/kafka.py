@@ -42,6 +42,9 @@ class Faults:
     """A read waits a random while up to this long before it looks (a slow consumer)."""
     outages: tuple[tuple[float, float], ...] = ()
     """(from, until) windows of virtual seconds since the start when no call succeeds."""
+    produce_s: float = 0.0
+    """A worker's produce lands after a random while up to this long, in order (librdkafka's queue and the
+    broker's acknowledgement): a crash meanwhile loses what had not landed. 0: it lands as it is produced."""
     fetch_s: float = 0.001
     """Every fetch takes at least this long (a round trip to the broker): a consumer that fetches the same
     records again and again spins in time, as it would on a real broker, not in one instant forever."""
@@ -105,12 +108,27 @@ class SimKafka:
         for a client whose process died)."""
         if owner and owner in self.dead:
             raise KafkaIOError(f"{what}: {owner} is dead", retriable=False)
+        if self.down():
+            at = asyncio.get_running_loop().time() - (self._start or 0.0)
+            raise KafkaIOError(f"{what}: the simulated broker is unavailable (at {at:.3f} s)", retriable=True)
+
+    def down(self) -> bool:
+        """Whether the broker is away now (in one of the faults' outages)."""
         loop = asyncio.get_running_loop()
         if self._start is None:
             self._start = loop.time()
         at = loop.time() - self._start
-        if any(start <= at < end for start, end in self.faults.outages):
-            raise KafkaIOError(f"{what}: the simulated broker is unavailable (at {at:.3f} s)", retriable=True)
+        return any(start <= at < end for start, end in self.faults.outages)
+
+    async def fetched(self, timeout: float) -> bool:
+        """A fetch's round trip (and a slow consumer's lag); False, after ``timeout``, while the broker is away:
+        a real consumer's fetch then returns nothing (the client retries underneath), it does not fail."""
+        faults = self.faults
+        await asyncio.sleep(faults.fetch_s + (self.rng.uniform(0, faults.read_delay_s) if faults.read_delay_s else 0.0))
+        if self.down():
+            await asyncio.sleep(timeout)
+            return False
+        return True
 
     async def appended(self, timeout: float, partitions: Iterable[tuple[str, int]]) -> None:
         """Wait until a record is appended to one of ``partitions``, or ``timeout`` seconds pass."""
@@ -230,9 +248,10 @@ class SimReader:
 
     async def read(self, timeout: float) -> list[Received]:
         kafka = self.kafka
-        kafka.check_up("reading", self.owner)
-        await asyncio.sleep(kafka.faults.fetch_s + (kafka.rng.uniform(0, kafka.faults.read_delay_s)
-                                                    if kafka.faults.read_delay_s else 0.0))
+        if self.owner and self.owner in kafka.dead:
+            raise KafkaIOError(f"reading: {self.owner} is dead", retriable=False)
+        if not await kafka.fetched(timeout):
+            return []
         got = self._take()
         if not got and timeout > 0:
             await kafka.appended(timeout, self._positions.next)
@@ -255,6 +274,8 @@ class SimProducer:
 
     def __init__(self, kafka: SimKafka, owner: str = "") -> None:
         self.kafka, self.owner = kafka, owner
+        self._last: asyncio.Future[None] | None = None
+        """What this producer produced last, not landed yet maybe: the next lands after it."""
 
     async def start(self) -> None:
         self.kafka.check_up("connecting", self.owner)
@@ -264,14 +285,41 @@ class SimProducer:
 
     async def produce(self, records: list[tuple[str, int | None, bytes | None, bytes | None, Headers]]
                       ) -> asyncio.Future[None]:
-        """Append ``records`` in order (each on its partition, or its key's); a future done once all landed."""
-        self.kafka.check_up("producing", self.owner)
+        """Append ``records`` in order (each on its partition, or its key's); a future done once all landed
+        (at once, or ``Faults.produce_s`` later, after everything this producer produced before)."""
+        kafka = self.kafka
+        kafka.check_up("producing", self.owner)
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.add_done_callback(_retrieved)
+        if not kafka.faults.produce_s:
+            self._append(records)
+            done.set_result(None)
+            return done
+        previous, self._last = self._last, done
+        delay = kafka.rng.uniform(0, kafka.faults.produce_s)
+
+        async def land() -> None:
+            await asyncio.sleep(delay)
+            if previous is not None:
+                await asyncio.wait([previous])
+            # librdkafka retries while the broker is away (virtual time: polling costs nothing)
+            while kafka.down() and self.owner not in kafka.dead:  # noqa: ASYNC110
+                await asyncio.sleep(0.05)
+            if self.owner in kafka.dead:  # the process died with the records in its queue
+                if not done.done():
+                    done.set_exception(KafkaIOError(f"producing: {self.owner} is dead", retriable=False))
+                return
+            self._append(records)  # (even when the caller stopped waiting: what was queued is sent)
+            if not done.done():
+                done.set_result(None)
+
+        kafka.spawn(land())
+        return done
+
+    def _append(self, records: list[tuple[str, int | None, bytes | None, bytes | None, Headers]]) -> None:
         for topic, partition, key, value, headers in records:
             where = partition if partition is not None else partition_for(key or b"", len(self.kafka.topics[topic]))
             self.kafka.append(topic, where, key, value or b"", headers)
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        done.set_result(None)
-        return done
 
     async def send(self, topic: str, value: bytes, *, key: bytes | None = None, partition: int | None = None,
                    headers: Headers | None = None) -> asyncio.Future[None]:
@@ -280,6 +328,12 @@ class SimProducer:
     async def send_and_wait(self, topic: str, value: bytes, *, key: bytes | None = None,
                             partition: int | None = None, headers: Headers | None = None) -> None:
         await (await self.send(topic, value, key=key, partition=partition, headers=headers))
+
+
+def _retrieved(done: asyncio.Future[None]) -> None:
+    """A produce whose caller is gone (its process crashed) fails unheard, not as the loop's failure."""
+    if not done.cancelled():
+        done.exception()
 
 
 @contextlib.contextmanager

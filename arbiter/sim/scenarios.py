@@ -1,14 +1,23 @@
-"""Scenarios on the simulation, each a function of a seed, and the checker every run goes through.
+"""Scenarios on the simulation, each a function of a seed, and the checks every run goes through.
 
 A scenario runs Arbiter's own workers (``arbiter.sim.worker``) on the simulated Kafka with agents
-acting on shared resources, faults drawn from the seed, and hands back the whole log. ``check``
-judges it with the audit (replay, mutual exclusion with fencing, one outcome per request, every
-request answered) and reports what it found. One seed, one run: ``./dev sim --seed S`` replays it.
+acting on shared resources (some through the real SDK), with workers crashing, leaving and joining
+and the broker misbehaving as the seed says, and hands back the whole log. ``check`` judges it with
+the audit (replay, mutual exclusion with fencing, one outcome per request, every request answered,
+every saga finished, every cycle broken) and with ``liveness`` (every input decided, every request
+sent after the faults stopped answered within a bound). One seed, one run: ``./dev sim --seed S``
+replays it.
+
+To add a scenario: write a function of a seed that draws a ``Fleet`` (or runs its own ``main``, as
+``worker_crash`` does) from ``random.Random(seed)`` alone, ends with ``check``, and add it to
+``SCENARIOS``; ``tests/sim/`` runs every scenario for one-seed-one-log and the planted bugs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import random
 import tempfile
 from collections.abc import Callable
@@ -19,18 +28,32 @@ from unittest import mock
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from arbiter.agents import client as client_module
+from arbiter.agents.client import ArbiterClient
+from arbiter.agents.errors import ArbiterTimeout, ArbiterUnavailable, LeaseDenied
 from arbiter.audit.log import Entry, Log
 from arbiter.audit.report import audit
 from arbiter.edge.clock import now_ms
+from arbiter.edge.kafkaio import KafkaIOError, TopicPartition
 from arbiter.edge.settings import Settings
-from arbiter.schemas import ContractError, LockGranted, LockReleaseRequested, LockRequested, Record, default_codec
+from arbiter.schemas import (
+    ContractError,
+    LockCancelled,
+    LockDenied,
+    LockGranted,
+    LockReleaseRequested,
+    LockRequested,
+    LockWaitTimedOut,
+    Record,
+    default_codec,
+)
 from arbiter.schemas.identity import Signer
 from arbiter.schemas.partitioning import partition_for
 from arbiter.streams.runtime import worker as worker_module
 from arbiter.streams.runtime.worker import Worker
 
-from .kafka import SimKafka, SimReader, SimSender, seam_of
-from .loop import run
+from .kafka import Faults, SimKafka, SimReader, SimSender, seam_of
+from .loop import EPOCH_MS, run
 from .worker import SimClients
 
 
@@ -44,6 +67,8 @@ class Outcome:
     settings: Settings
     findings: list[str] = field(default_factory=list)
     decisions: int = 0
+    quiet_from_ms: int = 0
+    """When the faults stopped (virtual ms since the start)."""
 
 
 def settings_for(rng: random.Random, home: Path) -> Settings:
@@ -67,19 +92,36 @@ async def _agent(kafka: SimKafka, settings: Settings, rng: random.Random, name: 
         resource = rng.choice(resources)
         request = LockRequested(request_id=f"{name}-{n}", agent_id=name, resource=resource, mode="exclusive",
                                 ttl_ms=rng.randrange(500, 3_000), wait_ms=rng.randrange(0, 4_000), at_ms=now_ms())
-        await out.send(settings.topics.resource_commands, resource.encode(), codec.encode(request), [])
+        await _send(out, settings.topics.resource_commands, resource.encode(), codec.encode(request))
         token = await _granted(inbox, codec, name, request.request_id, deadline=loop.time() + 6)
         await asyncio.sleep(rng.uniform(0.05, 2.0))  # thinking
         if token is not None and rng.random() < 0.8:  # the others go silent: their lease expires
             release = LockReleaseRequested(request_id=f"{name}-{n}-release", agent_id=name, resource=resource,
                                            token=token, at_ms=now_ms())
-            await out.send(settings.topics.resource_commands, resource.encode(), codec.encode(release), [])
+            await _send(out, settings.topics.resource_commands, resource.encode(), codec.encode(release))
+
+
+async def _send(out: SimSender, topic: str, key: bytes, value: bytes) -> None:
+    """Send, and while the broker is away try again (as a producer does, within its delivery timeout)."""
+    while True:
+        try:
+            await out.send(topic, key, value, [])
+            return
+        except KafkaIOError as exc:
+            if not exc.retriable:
+                raise
+            await asyncio.sleep(0.1)
 
 
 async def _granted(inbox: SimReader, codec: Any, name: str, request_id: str, deadline: float) -> int | None:
     loop = asyncio.get_running_loop()
     while loop.time() < deadline:
-        for record in await inbox.read(max(0.0, deadline - loop.time())):
+        try:
+            got = await inbox.read(max(0.0, deadline - loop.time()))
+        except KafkaIOError:  # the broker is away: read again in a while
+            await asyncio.sleep(0.1)
+            continue
+        for record in got:
             if record.key != name.encode():
                 continue
             try:
@@ -91,16 +133,48 @@ async def _granted(inbox: SimReader, codec: Any, name: str, request_id: str, dea
     return None
 
 
+@dataclass
+class Fleet:
+    """What one run of a fleet does, all of it drawn from the seed before the run starts."""
+
+    partitions: int = 2
+    workers: tuple[str, ...] = ("w1", "w2")
+    """The workers started at once."""
+    events: tuple[tuple[float, str, str], ...] = ()
+    """(virtual second, "crash" | "stop" | "start", worker): a crash dies where it stands, a stop leaves
+    the group as ``arbiter worker`` does on SIGTERM, a start brings a new worker in."""
+    agents: int = 6
+    sdk_agents: int = 0
+    """Of ``agents``, how many go through the real SDK (``arbiter.agents.ArbiterClient``) on the simulated log."""
+    resources: tuple[str, ...] = ("account:a", "account:b", "doc:c")
+    until: float = 12.0
+    """Agents start no new request after this virtual second."""
+    faults: Faults = field(default_factory=Faults)
+    quiet_from: float = 0.0
+    """From this virtual second on there are no more faults: every request sent after it must be answered
+    within its wait plus ``ANSWER_BOUND_MS``, and every input decided by the end."""
+
+
+ANSWER_BOUND_MS = 3_000
+"""Once the faults stop: how long past its wait a request may go unanswered (ticks every 250 ms, a batch
+in flight, a rebalance that takes a session to notice a member that left)."""
+
+
 def worker_crash(seed: int) -> Outcome:
     """Six agents on three resources under two workers; one worker dies at a moment drawn from the seed
     (between batches, mid-batch, before or after its commit: wherever the schedule has it), a third starts
-    later; the run goes on until every agent is done and the workers have decided everything."""
+    later; the run goes on until every agent is done and the workers have decided everything.
+
+    (Written before ``Fleet``, and kept as it was: its seeds replay the runs that found bugs, seed 17 among
+    them, and the same draws in another order would be other runs.)"""
     rng = random.Random(seed)
+    quiet_from = 0.0
     with tempfile.TemporaryDirectory(prefix="arbiter-sim-") as home:
         settings = settings_for(rng, Path(home))
         kafka = SimKafka(rng=rng)
 
         async def main() -> None:
+            nonlocal quiet_from
             with seam_of(kafka):
                 workers: dict[str, tuple[Worker, SimClients, asyncio.Task[None]]] = {}
 
@@ -124,6 +198,8 @@ def worker_crash(seed: int) -> Outcome:
                 await asyncio.gather(task, return_exceptions=True)
                 await asyncio.sleep(rng.uniform(0.0, 4.0))
                 start("w3")
+                # the group notices the dead worker after its session (3 s), then one more rebalance
+                quiet_from = asyncio.get_running_loop().time() + 2 * settings.session_timeout
                 await asyncio.gather(*agents)
                 await asyncio.sleep(10)  # every lease expires, every waiter is answered
                 for worker, _clients, _task in workers.values():
@@ -134,9 +210,167 @@ def worker_crash(seed: int) -> Outcome:
         # agent that walks all of them each time, and changes nothing a scenario checks.)
         with mock.patch.object(worker_module, "_settle_heap", lambda: None):
             run(main())
-        outcome = Outcome("worker-crash", seed, kafka, settings)
+        outcome = Outcome("worker-crash", seed, kafka, settings, quiet_from_ms=round(quiet_from * 1000))
         check(outcome)
         return outcome
+
+
+def churn(seed: int) -> Outcome:
+    """Workers crash, leave and join at moments drawn from the seed, while the simulated broker is slow,
+    sends land late and out of order or twice, readers lag, and the broker is away for a while; half the
+    agents go through the real SDK. Then the faults stop, and every request must be answered in time."""
+    rng = random.Random(seed)
+    partitions = rng.choice([2, 3, 4])
+    first = ("w1", "w2", "w3")[:rng.choice([1, 2, 3])]
+    live, events, n = list(first), [], len(first)
+    at = 0.5
+    for _ in range(rng.randrange(2, 6)):
+        at += rng.uniform(0.3, 3.0)
+        kind = rng.choice(["crash", "stop", "start"]) if live else "start"
+        if kind == "start" or (len(live) == 1 and rng.random() < 0.5):
+            n += 1
+            events.append((at, "start", f"w{n}"))
+            live.append(f"w{n}")
+        if kind != "start" and live:
+            events.append((at, kind, live.pop(rng.randrange(len(live)))))
+    if not live:
+        n += 1
+        events.append((at + rng.uniform(0.0, 2.0), "start", f"w{n}"))
+    outage_at = rng.uniform(1.0, 9.0)
+    faults = Faults(send_delay_s=rng.choice([0.0, 0.01, 0.2]), duplicate_p=rng.choice([0.0, 0.05, 0.2]),
+                    read_delay_s=rng.choice([0.0, 0.05, 0.5]), produce_s=rng.choice([0.002, 0.02, 0.1]),
+                    outages=((outage_at, outage_at + rng.uniform(0.2, 3.0)),) if rng.random() < 0.5 else ())
+    plan = Fleet(partitions=partitions, workers=first, events=tuple(events), agents=8, sdk_agents=4,
+                 resources=("account:a", "account:b", "doc:c", "doc:d", "refund:e"), until=14.0,
+                 faults=faults, quiet_from=max(at, outage_at + 3.0, 12.0) + 2.0)
+    return run_fleet("churn", seed, rng, plan)
+
+
+def rebalances(seed: int) -> Outcome:
+    """Workers join and leave (as a deploy rolls, or an autoscaler moves) every second or two while their
+    batches take a while to be acknowledged: each rebalance lands on batches in flight."""
+    rng = random.Random(seed)
+    live, events, n, at = ["w1", "w2"], [], 2, 0.5
+    while at < 12.0:
+        at += rng.uniform(0.3, 2.0)
+        if len(live) > 1 and rng.random() < 0.5:
+            events.append((at, "stop", live.pop(rng.randrange(len(live)))))
+        else:
+            n += 1
+            events.append((at, "start", f"w{n}"))
+            live.append(f"w{n}")
+    plan = Fleet(partitions=rng.choice([2, 3, 4]), workers=("w1", "w2"), events=tuple(events), agents=8,
+                 sdk_agents=2, resources=("account:a", "account:b", "doc:c", "doc:d"), until=14.0,
+                 faults=Faults(produce_s=rng.choice([0.05, 0.2, 0.5]), read_delay_s=rng.choice([0.0, 0.05])),
+                 quiet_from=at + 4.0)
+    return run_fleet("rebalances", seed, rng, plan)
+
+
+def run_fleet(name: str, seed: int, rng: random.Random, plan: Fleet) -> Outcome:
+    """Run ``plan``: its workers, agents and events on the simulated Kafka; then check the log."""
+    with tempfile.TemporaryDirectory(prefix="arbiter-sim-") as home:
+        settings = settings_for(rng, Path(home)).model_copy(update={"partitions": plan.partitions})
+        kafka = SimKafka(rng=rng, faults=plan.faults)
+        ids = itertools.count()
+
+        async def main() -> None:
+            with seam_of(kafka):
+                workers: dict[str, _Supervised] = {}
+                loop = asyncio.get_running_loop()
+
+                def start(worker_name: str) -> None:
+                    workers[worker_name] = _Supervised(kafka, settings.model_copy(update={"worker_id": worker_name}))
+
+                async def happen() -> None:
+                    for at, kind, worker_name in plan.events:
+                        await asyncio.sleep(max(0.0, at - loop.time()))
+                        if kind == "start":
+                            start(worker_name)
+                        elif kind == "crash":
+                            await workers.pop(worker_name).crash()
+                        else:
+                            await workers.pop(worker_name).stop()
+
+                for worker_name in plan.workers:
+                    start(worker_name)
+                events = asyncio.create_task(happen())
+                await asyncio.sleep(0.5)
+                agents = []
+                sdk = settings.model_copy(update={"identity_key": ""})  # unsigned, as verification is off
+                for i in range(plan.agents):
+                    own_rng = random.Random(rng.random())
+                    agent = (_sdk_agent(sdk, own_rng, f"agent-{i}", list(plan.resources), plan.until)
+                             if i < plan.sdk_agents else
+                             _agent(kafka, settings, own_rng, f"agent-{i}", list(plan.resources), plan.until))
+                    agents.append(asyncio.create_task(agent))
+                await events
+                await asyncio.gather(*agents)
+                await asyncio.sleep(max(10.0, plan.quiet_from + 10.0 - loop.time()))  # every lease expires
+                await asyncio.gather(*(worker.stop() for worker in workers.values()))
+
+        # (A worker collects and freezes the heap after a restore; in one process with every worker and
+        # agent that walks all of them each time, and changes nothing a scenario checks. The SDK's
+        # request ids come from the seed, so that one seed gives one log.)
+        with mock.patch.object(worker_module, "_settle_heap", lambda: None), \
+                mock.patch.object(client_module, "_new_id", lambda: f"{seed}-{next(ids)}"):
+            run(main())
+        outcome = Outcome(name, seed, kafka, settings, quiet_from_ms=round(plan.quiet_from * 1000))
+        check(outcome)
+        return outcome
+
+
+class _Supervised:
+    """A worker under a supervisor, as ``arbiter worker`` runs under systemd with Restart=on-failure: one that
+    could not start (the broker away) is started again a second later, under the same name."""
+
+    def __init__(self, kafka: SimKafka, settings: Settings) -> None:
+        self.kafka, self.settings = kafka, settings
+        self.worker: Worker | None = None
+        self.clients: SimClients | None = None
+        self.stopping = False
+        self.task = asyncio.get_running_loop().create_task(self._supervise())
+
+    async def _supervise(self) -> None:
+        while not self.stopping:
+            self.clients = SimClients(self.kafka, self.settings)
+            self.worker = Worker(self.settings, clients=self.clients)
+            await self.worker.run()
+            if not self.stopping:
+                await asyncio.sleep(1.0)
+
+    async def crash(self) -> None:
+        """The process dies where it stands: no revoke, no commit, no goodbye."""
+        assert self.clients is not None
+        self.clients.crash()
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+    async def stop(self) -> None:
+        """SIGTERM: the batch in flight commits, the worker leaves the group."""
+        self.stopping = True
+        if self.worker is not None:
+            self.worker.stop()
+        await self.task
+
+
+async def _sdk_agent(settings: Settings, rng: random.Random, name: str, resources: list[str], until: float) -> None:
+    """``_agent`` through the real SDK: acquire, think, release (or go silent); every refusal is an answer."""
+    loop = asyncio.get_running_loop()
+    async with ArbiterClient(name, settings) as client:
+        while loop.time() < until:
+            resource = rng.choice(resources)
+            try:
+                lease = await client.acquire(resource, ttl=rng.uniform(0.5, 3.0), wait=rng.uniform(0.0, 4.0))
+            except (LeaseDenied, ArbiterTimeout):
+                await asyncio.sleep(rng.uniform(0.05, 0.5))
+                continue
+            except ArbiterUnavailable:  # the broker is away: as an agent would, try again later
+                await asyncio.sleep(1.0)
+                continue
+            await asyncio.sleep(rng.uniform(0.05, 2.0))  # thinking
+            if rng.random() < 0.8:
+                with contextlib.suppress(LeaseDenied, ArbiterTimeout, ArbiterUnavailable):
+                    await client.release(lease)
 
 
 def log_of(kafka: SimKafka, settings: Settings) -> Log:
@@ -158,7 +392,7 @@ def log_of(kafka: SimKafka, settings: Settings) -> Log:
 
 
 def check(outcome: Outcome) -> None:
-    """Judge the run's log with the audit; every violation becomes a finding."""
+    """Judge the run's log with the audit (every violation becomes a finding), then its liveness."""
     log = log_of(outcome.kafka, outcome.settings)
 
     async def judged() -> dict[str, Any]:
@@ -168,7 +402,52 @@ def check(outcome: Outcome) -> None:
     outcome.decisions = int(report.get("stats", {}).get("decisions", 0) or 0)
     outcome.findings = [f"{f['check']}: {f['message']} at {', '.join(f['where'])}"
                         for f in report["findings"] if f["severity"] == "violation"]
+    outcome.findings += liveness(outcome)
 
 
-SCENARIOS: dict[str, Callable[[int], Outcome]] = {"worker-crash": worker_crash}
+_FINAL = (LockGranted, LockDenied, LockWaitTimedOut, LockCancelled)
+"""The answers that end a request (a ``LockQueued`` is on the way to one of them)."""
+
+
+def liveness(outcome: Outcome) -> list[str]:
+    """What the audit cannot see, as it judges decisions and not how long they took to come:
+
+    - every input of the workers' group is decided and committed by the end (no partition left short);
+    - every lock request sent once the faults stopped has its final answer within its wait plus
+      ``ANSWER_BOUND_MS`` (a tick that never comes, a partition nobody decides, would hold it longer).
+    """
+    kafka, settings, found = outcome.kafka, outcome.settings, []
+    committed = kafka.committed.get(settings.app_id, {})
+    for topic in sorted({tp.topic for tp in committed}):
+        for partition, records in enumerate(kafka.topics[topic]):
+            at = committed.get(TopicPartition(topic, partition), 0)
+            if at < len(records):
+                found.append(f"liveness: {topic}[{partition}] is committed to {at}, and its last input is "
+                             f"at {len(records) - 1}: {len(records) - at} inputs left undecided")
+    if not outcome.quiet_from_ms:
+        return found
+    codec, answered = default_codec(), dict[str, int]()
+    requests: list[tuple[LockRequested, int, str]] = []
+    for topic, partitions in kafka.topics.items():
+        for records in partitions:
+            for r in records:
+                try:
+                    record: Record = codec.decode(r.value or b"")
+                except ContractError:
+                    continue
+                if isinstance(record, _FINAL):
+                    answered.setdefault(record.request_id, r.timestamp)
+                elif isinstance(record, LockRequested) and r.timestamp - EPOCH_MS >= outcome.quiet_from_ms:
+                    requests.append((record, r.timestamp, f"{topic}[{r.partition}]@{r.offset}"))
+    for request, sent, where in requests:
+        bound = sent + request.wait_ms + ANSWER_BOUND_MS
+        if answered.get(request.request_id, bound + 1) > bound:
+            took = answered.get(request.request_id)
+            found.append(f"liveness: request {request.request_id} ({where}, wait {request.wait_ms} ms) "
+                         + (f"answered after {took - sent} ms" if took else "never answered"))
+    return found
+
+
+SCENARIOS: dict[str, Callable[[int], Outcome]] = {"worker-crash": worker_crash, "churn": churn,
+                                                   "rebalances": rebalances}
 """Every scenario by name (``./dev sim --scenario NAME``)."""

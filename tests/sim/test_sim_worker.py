@@ -18,7 +18,7 @@ import pytest
 from arbiter.edge.kafkaio import KafkaIOError
 from arbiter.sim.kafka import SimKafka
 from arbiter.sim.loop import run
-from arbiter.sim.scenarios import Outcome, settings_for, worker_crash
+from arbiter.sim.scenarios import SCENARIOS, Outcome, settings_for, worker_crash
 from arbiter.sim.worker import SimClients
 from arbiter.streams.cores import leases
 from arbiter.streams.runtime import worker as worker_module
@@ -40,9 +40,12 @@ def test_a_worker_crash_at_any_moment_leaves_a_log_the_audit_passes(seed: int) -
     assert outcome.decisions > 0
 
 
-def test_one_seed_one_log() -> None:
-    assert _log(worker_crash(7)) == _log(worker_crash(7))
-    assert _log(worker_crash(7)) != _log(worker_crash(8))
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_one_seed_one_log(name: str) -> None:
+    """Workers, agents (through the SDK too), faults and the simulated broker: one seed, one log, to the ms."""
+    scenario = SCENARIOS[name]
+    assert _log(scenario(7)) == _log(scenario(7))
+    assert _log(scenario(7)) != _log(scenario(8))
 
 
 def test_a_fencing_token_given_twice_is_found(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -220,6 +220,11 @@ def churn(seed: int) -> Outcome:
     sends land late and out of order or twice, readers lag, and the broker is away for a while; half the
     agents go through the real SDK. Then the faults stop, and every request must be answered in time."""
     rng = random.Random(seed)
+    return run_fleet("churn", seed, rng, churn_plan(rng))
+
+
+def churn_plan(rng: random.Random) -> Fleet:
+    """``churn``'s plan, drawn from ``rng``."""
     partitions = rng.choice([2, 3, 4])
     first = ("w1", "w2", "w3")[:rng.choice([1, 2, 3])]
     live, events, n = list(first), [], len(first)
@@ -240,16 +245,20 @@ def churn(seed: int) -> Outcome:
     faults = Faults(send_delay_s=rng.choice([0.0, 0.01, 0.2]), duplicate_p=rng.choice([0.0, 0.05, 0.2]),
                     read_delay_s=rng.choice([0.0, 0.05, 0.5]), produce_s=rng.choice([0.002, 0.02, 0.1]),
                     outages=((outage_at, outage_at + rng.uniform(0.2, 3.0)),) if rng.random() < 0.5 else ())
-    plan = Fleet(partitions=partitions, workers=first, events=tuple(events), agents=8, sdk_agents=4,
+    return Fleet(partitions=partitions, workers=first, events=tuple(events), agents=8, sdk_agents=4,
                  resources=("account:a", "account:b", "doc:c", "doc:d", "refund:e"), until=14.0,
                  faults=faults, quiet_from=max(at, outage_at + 3.0, 12.0) + 2.0)
-    return run_fleet("churn", seed, rng, plan)
 
 
 def rebalances(seed: int) -> Outcome:
     """Workers join and leave (as a deploy rolls, or an autoscaler moves) every second or two while their
     batches take a while to be acknowledged: each rebalance lands on batches in flight."""
     rng = random.Random(seed)
+    return run_fleet("rebalances", seed, rng, rebalances_plan(rng))
+
+
+def rebalances_plan(rng: random.Random) -> Fleet:
+    """``rebalances``'s plan, drawn from ``rng``."""
     live, events, n, at = ["w1", "w2"], [], 2, 0.5
     while at < 12.0:
         at += rng.uniform(0.3, 2.0)
@@ -259,11 +268,10 @@ def rebalances(seed: int) -> Outcome:
             n += 1
             events.append((at, "start", f"w{n}"))
             live.append(f"w{n}")
-    plan = Fleet(partitions=rng.choice([2, 3, 4]), workers=("w1", "w2"), events=tuple(events), agents=8,
+    return Fleet(partitions=rng.choice([2, 3, 4]), workers=("w1", "w2"), events=tuple(events), agents=8,
                  sdk_agents=2, resources=("account:a", "account:b", "doc:c", "doc:d"), until=14.0,
                  faults=Faults(produce_s=rng.choice([0.05, 0.2, 0.5]), read_delay_s=rng.choice([0.0, 0.05])),
                  quiet_from=at + 4.0)
-    return run_fleet("rebalances", seed, rng, plan)
 
 
 def run_fleet(name: str, seed: int, rng: random.Random, plan: Fleet) -> Outcome:
@@ -299,7 +307,7 @@ def run_fleet(name: str, seed: int, rng: random.Random, plan: Fleet) -> Outcome:
                 sdk = settings.model_copy(update={"identity_key": ""})  # unsigned, as verification is off
                 for i in range(plan.agents):
                     own_rng = random.Random(rng.random())
-                    agent = (_sdk_agent(sdk, own_rng, f"agent-{i}", list(plan.resources), plan.until)
+                    agent = (sdk_agent(sdk, own_rng, f"agent-{i}", list(plan.resources), plan.until)
                              if i < plan.sdk_agents else
                              _agent(kafka, settings, own_rng, f"agent-{i}", list(plan.resources), plan.until))
                     agents.append(asyncio.create_task(agent))
@@ -353,8 +361,9 @@ class _Supervised:
         await self.task
 
 
-async def _sdk_agent(settings: Settings, rng: random.Random, name: str, resources: list[str], until: float) -> None:
-    """``_agent`` through the real SDK: acquire, think, release (or go silent); every refusal is an answer."""
+async def sdk_agent(settings: Settings, rng: random.Random, name: str, resources: list[str], until: float) -> None:
+    """``_agent`` through the real SDK, on the simulated Kafka or on a real one: acquire, think, release (or go
+    silent); every refusal is an answer."""
     loop = asyncio.get_running_loop()
     async with ArbiterClient(name, settings) as client:
         while loop.time() < until:
@@ -410,43 +419,53 @@ _FINAL = (LockGranted, LockDenied, LockWaitTimedOut, LockCancelled)
 
 
 def liveness(outcome: Outcome) -> list[str]:
+    """``liveness_of`` the simulated log (the faults stopped ``outcome.quiet_from_ms`` after the start)."""
+    kafka, settings = outcome.kafka, outcome.settings
+    return liveness_of(log_of(kafka, settings), kafka.committed.get(settings.app_id, {}),
+                       EPOCH_MS + outcome.quiet_from_ms if outcome.quiet_from_ms else None)
+
+
+def liveness_of(log: Log, committed: dict[TopicPartition, int], quiet_from_ms: int | None) -> list[str]:
     """What the audit cannot see, as it judges decisions and not how long they took to come:
 
-    - every input of the workers' group is decided and committed by the end (no partition left short);
-    - every lock request sent once the faults stopped has its final answer within its wait plus
-      ``ANSWER_BOUND_MS`` (a tick that never comes, a partition nobody decides, would hold it longer).
+    - every input of the workers' group (each topic it ``committed`` on) is decided and committed by
+      the end: no partition left short;
+    - every lock request appended at or after ``quiet_from_ms`` (the faults stopped) has its final answer
+      within its wait plus ``ANSWER_BOUND_MS`` (a tick that never comes, a partition nobody decides,
+      would hold it longer).
     """
-    kafka, settings, found = outcome.kafka, outcome.settings, []
-    committed = kafka.committed.get(settings.app_id, {})
+    found = []
     for topic in sorted({tp.topic for tp in committed}):
-        for partition, records in enumerate(kafka.topics[topic]):
+        for (name, partition), entries in sorted(log.partitions.items()):
+            if name != topic or not entries:
+                continue
+            end = entries[-1].offset + 1
             at = committed.get(TopicPartition(topic, partition), 0)
-            if at < len(records):
+            if at < end:
                 found.append(f"liveness: {topic}[{partition}] is committed to {at}, and its last input is "
-                             f"at {len(records) - 1}: {len(records) - at} inputs left undecided")
-    if not outcome.quiet_from_ms:
+                             f"at {end - 1}: {len([e for e in entries if e.offset >= at])} inputs left undecided")
+    if quiet_from_ms is None:
         return found
-    codec, answered = default_codec(), dict[str, int]()
+    answered = dict[str, int]()
     requests: list[tuple[LockRequested, int, str]] = []
-    for topic, partitions in kafka.topics.items():
-        for records in partitions:
-            for r in records:
-                try:
-                    record: Record = codec.decode(r.value or b"")
-                except ContractError:
-                    continue
-                if isinstance(record, _FINAL):
-                    answered.setdefault(record.request_id, r.timestamp)
-                elif isinstance(record, LockRequested) and r.timestamp - EPOCH_MS >= outcome.quiet_from_ms:
-                    requests.append((record, r.timestamp, f"{topic}[{r.partition}]@{r.offset}"))
+    for entries in log.partitions.values():
+        for entry in entries:
+            record = entry.record
+            if isinstance(record, _FINAL):
+                answered.setdefault(record.request_id, entry.timestamp_ms)
+            elif isinstance(record, LockRequested) and entry.timestamp_ms >= quiet_from_ms:
+                requests.append((record, entry.timestamp_ms, entry.where))
     for request, sent, where in requests:
         bound = sent + request.wait_ms + ANSWER_BOUND_MS
-        if answered.get(request.request_id, bound + 1) > bound:
-            took = answered.get(request.request_id)
+        took = answered.get(request.request_id)
+        if took is None or took > bound:
             found.append(f"liveness: request {request.request_id} ({where}, wait {request.wait_ms} ms) "
-                         + (f"answered after {took - sent} ms" if took else "never answered"))
+                         + (f"answered after {took - sent} ms" if took is not None else "never answered"))
     return found
 
+
+PLANS: dict[str, Callable[[random.Random], Fleet]] = {"churn": churn_plan, "rebalances": rebalances_plan}
+"""The scenarios drawn as a ``Fleet``: what the real-broker tier runs too (tests/stories/test_scenarios_kafka.py)."""
 
 SCENARIOS: dict[str, Callable[[int], Outcome]] = {"worker-crash": worker_crash, "churn": churn,
                                                    "rebalances": rebalances}

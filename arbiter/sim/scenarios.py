@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import random
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ from arbiter.schemas.identity import Signer
 from arbiter.schemas.partitioning import partition_for
 from arbiter.streams.runtime import worker as worker_module
 from arbiter.streams.runtime.worker import Worker
+from arbiter.streams.tools.ledger import Ledger
 
 from .kafka import Faults, SimKafka, SimReader, SimSender, seam_of
 from .loop import EPOCH_MS, run
@@ -147,6 +148,10 @@ class Fleet:
     sdk_agents: int = 0
     """Of ``agents``, how many go through the real SDK (``arbiter.agents.ArbiterClient``) on the simulated log."""
     resources: tuple[str, ...] = ("account:a", "account:b", "doc:c")
+    stories: bool = False
+    """Also the main job's stories, through the SDK: refunds under a lease (a slow agent's late write is
+    fenced off), two editors of one shared document (commits that conflict and rebase), and a delegation
+    ring that the detector must break; the ledger is the workers' real SQLite, and must balance."""
     until: float = 12.0
     """Agents start no new request after this virtual second."""
     faults: Faults = field(default_factory=Faults)
@@ -274,12 +279,125 @@ def rebalances_plan(rng: random.Random) -> Fleet:
                  quiet_from=at + 4.0)
 
 
+def stories(seed: int) -> Outcome:
+    """The main job's stories, all at once, under a worker crash and a join, with late, duplicated and
+    slowly acknowledged sends: refunds paid under leases by agents that are sometimes too slow, editors
+    rebasing on a shared document, a delegation ring, and lease agents besides."""
+    rng = random.Random(seed)
+    return run_fleet("stories", seed, rng, stories_plan(rng))
+
+
+def stories_plan(rng: random.Random) -> Fleet:
+    """``stories``'s plan, drawn from ``rng``."""
+    crash_at = rng.uniform(2.0, 9.0)
+    faults = Faults(send_delay_s=rng.choice([0.0, 0.05]), duplicate_p=rng.choice([0.0, 0.1]),
+                    produce_s=rng.choice([0.002, 0.05, 0.2]))
+    return Fleet(partitions=rng.choice([2, 3]), workers=("w1", "w2"),
+                 events=((crash_at, "crash", rng.choice(["w1", "w2"])),
+                         (crash_at + rng.uniform(0.5, 4.0), "start", "w3")),
+                 agents=3, sdk_agents=3, resources=("account:c", "doc:d"), stories=True, until=14.0, faults=faults,
+                 quiet_from=crash_at + 10.0)
+
+
+ACCOUNTS = {"a": 1_000_000, "b": 1_000_000}
+"""The ledger's accounts in ``stories`` (cents): refunds are paid from account:a and account:b."""
+
+
+async def refunder(settings: Settings, rng: random.Random, name: str, until: float) -> None:
+    """Pay refunds under a lease: acquire the account, think (sometimes past the lease), pay with the lease's
+    fencing token, release. A payment after the lease ran out must be refused, not made."""
+    loop, n = asyncio.get_running_loop(), 0
+    async with ArbiterClient(name, settings) as client:
+        while loop.time() < until:
+            n += 1
+            account = rng.choice(["account:a", "account:b"])
+            try:
+                lease = await client.acquire(account, ttl=rng.uniform(1.0, 3.0), wait=rng.uniform(1.0, 4.0))
+            except (LeaseDenied, ArbiterTimeout, ArbiterUnavailable):
+                await asyncio.sleep(rng.uniform(0.1, 0.5))
+                continue
+            await asyncio.sleep(rng.uniform(0.05, 3.5))  # thinking, sometimes too long
+            with contextlib.suppress(ArbiterTimeout, ArbiterUnavailable):
+                await client.execute(lease, "refund", {"order_id": f"{name}-{n}", "amount": rng.randrange(1, 500)},
+                                     base_version=lease.resource_version)
+            with contextlib.suppress(LeaseDenied, ArbiterTimeout, ArbiterUnavailable):
+                await client.release(lease)
+
+
+async def editor(settings: Settings, rng: random.Random, name: str, until: float) -> None:
+    """Edit the shared document optimistically: read its version, think, commit a patch on it; on a conflict,
+    read again and rebase (``commit_rebasing``)."""
+    loop, n, doc = asyncio.get_running_loop(), 0, "doc:shared"
+    async with ArbiterClient(name, settings) as client:
+
+        async def replan(_outcome: Any) -> tuple[int, dict[str, Any]]:
+            return (await client.snapshot(doc)).version, {name: n}
+
+        while loop.time() < until:
+            n += 1
+            try:
+                base = (await client.snapshot(doc)).version
+                await asyncio.sleep(rng.uniform(0.05, 1.5))
+                await client.commit_rebasing(doc, base, {name: n}, replan)
+            except (LeaseDenied, ArbiterTimeout, ArbiterUnavailable):
+                await asyncio.sleep(rng.uniform(0.1, 0.5))
+
+
+async def delegator(settings: Settings, rng: random.Random, name: str, to: str, until: float) -> None:
+    """One of a delegation ring: wait on the next agent until told it is the victim (or a while passes)."""
+    loop = asyncio.get_running_loop()
+    async with ArbiterClient(name, settings) as client:
+        while loop.time() < until:
+            with contextlib.suppress(TimeoutError, ArbiterTimeout, ArbiterUnavailable):
+                async with client.waiting_on(to):
+                    await client.wait_for_deadlock(timeout=rng.uniform(1.0, 4.0))
+            await asyncio.sleep(rng.uniform(0.1, 2.0))
+
+
+def ledger_balances(settings: Settings) -> list[str]:
+    """Money is neither made nor lost: the accounts and payouts add up to what was put in, and every refund
+    the log says was applied is in the ledger once, and no other."""
+    ledger = Ledger(settings.ledger_url())
+    found = []
+    with ledger.transaction() as cur:
+        total = sum(int(row[0]) for row in cur.run("SELECT balance FROM accounts", ()))
+        refunds = [row[0] for row in cur.run("SELECT intent_id FROM refunds", ())]
+    if total != sum(ACCOUNTS.values()):
+        found.append(f"ledger: the accounts add up to {total}, not {sum(ACCOUNTS.values())}")
+    if len(refunds) != len(set(refunds)):
+        found.append("ledger: a refund was paid twice")
+    return found
+
+
+def agents_of(plan: Fleet, settings: Settings, rng: random.Random, until: float,
+              raw: Callable[[int, random.Random], Coroutine[Any, Any, None]] | None = None
+              ) -> list[Coroutine[Any, Any, None]]:
+    """The agents of ``plan``, each with a random source of its own drawn from ``rng``, acting until the loop's
+    time ``until``: lease agents (the first ``plan.sdk_agents`` through the SDK, the others ``raw``, or all
+    through the SDK when there is no ``raw``), then the stories' agents if the plan has them."""
+    agents: list[Coroutine[Any, Any, None]] = []
+    for i in range(plan.agents):
+        own_rng = random.Random(rng.random())
+        agents.append(sdk_agent(settings, own_rng, f"agent-{i}", list(plan.resources), until)
+                      if i < plan.sdk_agents or raw is None else raw(i, own_rng))
+    if plan.stories:
+        story_rng = random.Random(rng.random())
+        agents += [refunder(settings, random.Random(story_rng.random()), f"refunder-{i}", until) for i in range(2)]
+        agents += [editor(settings, random.Random(story_rng.random()), f"editor-{i}", until) for i in range(2)]
+        ring = ["planner", "coder", "tester"]
+        agents += [delegator(settings, random.Random(story_rng.random()), who, ring[(i + 1) % 3], until)
+                   for i, who in enumerate(ring)]
+    return agents
+
+
 def run_fleet(name: str, seed: int, rng: random.Random, plan: Fleet) -> Outcome:
     """Run ``plan``: its workers, agents and events on the simulated Kafka; then check the log."""
     with tempfile.TemporaryDirectory(prefix="arbiter-sim-") as home:
         settings = settings_for(rng, Path(home)).model_copy(update={"partitions": plan.partitions})
         kafka = SimKafka(rng=rng, faults=plan.faults)
         ids = itertools.count()
+        if plan.stories:
+            Ledger(settings.ledger_url()).seed(ACCOUNTS)
 
         async def main() -> None:
             with seam_of(kafka):
@@ -303,14 +421,12 @@ def run_fleet(name: str, seed: int, rng: random.Random, plan: Fleet) -> Outcome:
                     start(worker_name)
                 events = asyncio.create_task(happen())
                 await asyncio.sleep(0.5)
-                agents = []
                 sdk = settings.model_copy(update={"identity_key": ""})  # unsigned, as verification is off
-                for i in range(plan.agents):
-                    own_rng = random.Random(rng.random())
-                    agent = (sdk_agent(sdk, own_rng, f"agent-{i}", list(plan.resources), plan.until)
-                             if i < plan.sdk_agents else
-                             _agent(kafka, settings, own_rng, f"agent-{i}", list(plan.resources), plan.until))
-                    agents.append(asyncio.create_task(agent))
+
+                def raw(i: int, own_rng: random.Random) -> Coroutine[Any, Any, None]:
+                    return _agent(kafka, settings, own_rng, f"agent-{i}", list(plan.resources), plan.until)
+
+                agents = [asyncio.create_task(agent) for agent in agents_of(plan, sdk, rng, plan.until, raw)]
                 await events
                 await asyncio.gather(*agents)
                 await asyncio.sleep(max(10.0, plan.quiet_from + 10.0 - loop.time()))  # every lease expires
@@ -324,6 +440,8 @@ def run_fleet(name: str, seed: int, rng: random.Random, plan: Fleet) -> Outcome:
             run(main())
         outcome = Outcome(name, seed, kafka, settings, quiet_from_ms=round(plan.quiet_from * 1000))
         check(outcome)
+        if plan.stories:
+            outcome.findings += ledger_balances(settings)
         return outcome
 
 
@@ -464,9 +582,10 @@ def liveness_of(log: Log, committed: dict[TopicPartition, int], quiet_from_ms: i
     return found
 
 
-PLANS: dict[str, Callable[[random.Random], Fleet]] = {"churn": churn_plan, "rebalances": rebalances_plan}
+PLANS: dict[str, Callable[[random.Random], Fleet]] = {"churn": churn_plan, "rebalances": rebalances_plan,
+                                                      "stories": stories_plan}
 """The scenarios drawn as a ``Fleet``: what the real-broker tier runs too (tests/stories/test_scenarios_kafka.py)."""
 
 SCENARIOS: dict[str, Callable[[int], Outcome]] = {"worker-crash": worker_crash, "churn": churn,
-                                                   "rebalances": rebalances}
+                                                   "rebalances": rebalances, "stories": stories}
 """Every scenario by name (``./dev sim --scenario NAME``)."""

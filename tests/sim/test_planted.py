@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from arbiter.sim.scenarios import SCENARIOS, Outcome, churn, rebalances
+from arbiter.sim.scenarios import SCENARIOS, Outcome, churn, rebalances, stories
 from arbiter.streams.cores import leases
 from arbiter.streams.runtime import common
 from arbiter.streams.runtime.worker import Worker
@@ -39,7 +39,7 @@ def first_found(scenarios: Iterable[Callable[[int], Outcome]] = (churn, rebalanc
     raise AssertionError(f"the planted bug went unnoticed in {budget} seeds")
 
 
-@pytest.mark.parametrize("name", ["churn", "rebalances"])
+@pytest.mark.parametrize("name", ["churn", "rebalances", "stories"])
 def test_without_a_planted_bug_the_same_seeds_pass(name: str) -> None:
     """(So that what the tests below find is the bug they plant.)"""
     for seed in range(10):
@@ -142,3 +142,13 @@ def _quiet(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
     caplog.set_level("CRITICAL")
     yield
 
+
+
+def test_a_gateway_that_forgets_to_fence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tool gateway takes any token: a refunder who thought past its lease pays anyway (the main job's
+    slow agent, found by the ``stories`` scenario's refunds)."""
+    from arbiter.streams.cores import gateway
+
+    monkeypatch.setattr(gateway, "_fencing_problem", lambda *_args: None)
+    _seed, findings = first_found((stories,))
+    assert any(f.startswith("fenced_writes") for f in findings), findings

@@ -12,11 +12,14 @@ import asyncio
 import random
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
+from arbiter.agents import ArbiterClient
 from arbiter.edge.kafkaio import KafkaIOError
-from arbiter.sim.kafka import SimKafka
+from arbiter.schemas import LockExpired, default_codec
+from arbiter.sim.kafka import SimKafka, seam_of
 from arbiter.sim.loop import run
 from arbiter.sim.scenarios import SCENARIOS, Outcome, settings_for, worker_crash
 from arbiter.sim.worker import SimClients
@@ -98,3 +101,54 @@ def test_a_worker_cancelled_while_it_starts_leaves_nothing_behind(monkeypatch: p
         return task.cancelled()
 
     assert run(main())  # (and no failure of a task left behind: ``run`` raises those)
+
+
+def test_an_idle_worker_writes_nothing_for_an_hour(tmp_path: Path) -> None:
+    """Idle costs nothing (the real-broker half is tests/streams/runtime/test_idle.py, over 15 s of real time):
+    once a lease has expired and nothing waits on time, two workers write no record to any topic or
+    changelog for an hour of virtual time, and a lease taken after it still expires on time."""
+    settings = settings_for(random.Random(0), tmp_path)
+    kafka = SimKafka()
+    codec = default_codec()
+
+    def written() -> int:
+        return sum(len(records) for partitions in kafka.topics.values() for records in partitions)
+
+    async def lease_expires(name: str) -> int:
+        """Take a 2 s lease and let it lapse; the ms between its expiry time and the decision that expired it."""
+        async with ArbiterClient(name, settings.model_copy(update={"identity_key": ""})) as client:
+            lease = await client.acquire("doc:nap", ttl=2, wait=5)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while loop.time() < deadline:
+            for records in kafka.topics[settings.topics.resource_events]:
+                for record in records:
+                    event = codec.decode(record.value or b"")
+                    if isinstance(event, LockExpired) and event.token == lease.token:
+                        return event.at_ms - lease.expires_at_ms
+            await asyncio.sleep(0.1)
+        raise AssertionError("the lease never expired")
+
+    async def main() -> tuple[int, int, int, int]:
+        with seam_of(kafka):
+            workers = []
+            for name in ("w1", "w2"):
+                own = settings.model_copy(update={"worker_id": name})
+                worker = worker_module.Worker(own, clients=SimClients(kafka, own))
+                workers.append((worker, asyncio.get_running_loop().create_task(worker.run())))
+            await asyncio.sleep(1.0)
+            late = await lease_expires("sleepy")
+            await asyncio.sleep(5.0)  # the expiry's changelog and inbox copies
+            before = written()
+            await asyncio.sleep(3600.0)
+            after = written()
+            late_again = await lease_expires("sleepy-later")
+            for worker, _task in workers:
+                worker.stop()
+            await asyncio.gather(*(task for _worker, task in workers))
+            return late, before, after, late_again
+
+    with mock.patch.object(worker_module, "_settle_heap", lambda: None):
+        late, before, after, late_again = run(main())
+    assert after == before, f"idle workers wrote {after - before} records in an hour"
+    assert 0 <= late < 1_000 and 0 <= late_again < 1_000, (late, late_again)

@@ -55,6 +55,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                                     "tests/conftest.py gives pure and broker")
         needs_a_service = any(item.get_closest_marker(name) is not None for name in ("kafka", "postgres"))
         item.add_marker("e2e" if marked else "broker" if needs_a_service else "pure")
+    _biggest_first(items)
+
+
+def _biggest_first(items: list[pytest.Item]) -> None:
+    """Files with e2e tests first, then those with broker tests, then pure ones, each file's tests in their
+    order: ``./dev test`` hands a whole file to each of its processes (``--dist loadfile``), in this order, and
+    the long files started last would leave the others idle at the end while they finish."""
+    rank: dict[str, int] = {}
+    for item in items:
+        tier = next(t for t in TIERS if item.get_closest_marker(t) is not None)
+        module = item.nodeid.split("::")[0]
+        rank[module] = min(rank.get(module, 2), {"e2e": 0, "broker": 1, "pure": 2}[tier])
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # (stable: a file's tests keep their order)
 
 
 @pytest.fixture(scope="session")

@@ -24,8 +24,9 @@ from arbiter.edge.clock import now_ms
 from arbiter.edge.kafkaio import TopicPartition, reader_for
 from arbiter.processes import WorkerPool, wait_until_served
 from arbiter.schemas.partitioning import key_for_partition
-from arbiter.sim.scenarios import PLANS, liveness_of, sdk_agent
+from arbiter.sim.scenarios import ACCOUNTS, PLANS, agents_of, ledger_balances, liveness_of
 from arbiter.streams.runtime.topics import ensure_topics
+from arbiter.streams.tools.ledger import Ledger
 from tests.conftest import isolated_settings, settled_log
 
 pytestmark = [pytest.mark.kafka, pytest.mark.e2e]
@@ -34,13 +35,15 @@ SESSION_S = 6.0
 """The workers' session timeout here: a crashed worker's partitions move after it."""
 
 
-@pytest.mark.parametrize(("name", "seed"), [("rebalances", 3), ("churn", 2)])
+@pytest.mark.parametrize(("name", "seed"), [("rebalances", 3), ("stories", 1)])
 async def test_a_scenario_of_the_simulation_on_the_real_broker(name: str, seed: int, bootstrap: str,
                                                               tmp_path: Path) -> None:
     plan = PLANS[name](random.Random(seed))
     settings = isolated_settings(bootstrap, tmp_path, partitions=plan.partitions, session_timeout=SESSION_S,
                                  heartbeat_interval=1.0)
     await ensure_topics(settings)
+    if plan.stories:
+        Ledger(settings.ledger_url()).seed(ACCOUNTS)
     pool = WorkerPool(settings)
     by_name = {}
     try:
@@ -69,9 +72,7 @@ async def test_a_scenario_of_the_simulation_on_the_real_broker(name: str, seed: 
                 else:
                     await asyncio.to_thread(by_name[worker].stop)
 
-        rng = random.Random(seed)
-        agents = [sdk_agent(settings, random.Random(rng.random()), f"agent-{i}", list(plan.resources),
-                            until=start + until) for i in range(plan.agents)]
+        agents = agents_of(plan, settings, random.Random(seed), start + until)  # all through the SDK
         quiet_ms = now_ms() + round(quiet_from * 1000)
         await asyncio.gather(happen(), *agents)
         await settled_log(settings)  # every wait answered (the workers' ticks time the last ones out)
@@ -89,5 +90,7 @@ async def test_a_scenario_of_the_simulation_on_the_real_broker(name: str, seed: 
     finally:
         await reader.stop()
     problems += liveness_of(log, committed, quiet_ms)
+    if plan.stories:
+        problems += ledger_balances(settings)
     assert not problems, f"{name} seed {seed} on the real broker:\n" + "\n".join(problems)
     assert report["stats"]["decisions"] > 0

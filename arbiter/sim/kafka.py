@@ -295,23 +295,29 @@ class SimProducer:
             self._append(records)
             done.set_result(None)
             return done
-        previous, self._last = self._last, done
+        # Chained on the landing itself, not on the caller's future: a caller that stops waiting (its future
+        # cancelled) does not let the next records overtake its own, which are still on their way.
+        landed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        previous, self._last = self._last, landed
         delay = kafka.rng.uniform(0, kafka.faults.produce_s)
 
         async def land() -> None:
-            await asyncio.sleep(delay)
-            if previous is not None:
-                await asyncio.wait([previous])
-            # librdkafka retries while the broker is away (virtual time: polling costs nothing)
-            while kafka.down() and self.owner not in kafka.dead:  # noqa: ASYNC110
-                await asyncio.sleep(0.05)
-            if self.owner in kafka.dead:  # the process died with the records in its queue
+            try:
+                await asyncio.sleep(delay)
+                if previous is not None:
+                    await previous
+                # librdkafka retries while the broker is away (virtual time: polling costs nothing)
+                while kafka.down() and self.owner not in kafka.dead:  # noqa: ASYNC110
+                    await asyncio.sleep(0.05)
+                if self.owner in kafka.dead:  # the process died with the records in its queue
+                    if not done.done():
+                        done.set_exception(KafkaIOError(f"producing: {self.owner} is dead", retriable=False))
+                    return
+                self._append(records)  # (even when the caller stopped waiting: what was queued is sent)
                 if not done.done():
-                    done.set_exception(KafkaIOError(f"producing: {self.owner} is dead", retriable=False))
-                return
-            self._append(records)  # (even when the caller stopped waiting: what was queued is sent)
-            if not done.done():
-                done.set_result(None)
+                    done.set_result(None)
+            finally:
+                landed.set_result(None)
 
         kafka.spawn(land())
         return done

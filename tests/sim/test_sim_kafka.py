@@ -18,6 +18,7 @@ from arbiter.edge.clock import now_ms
 from arbiter.edge.kafkaio import KafkaIOError, Reader, Received, Sender, TopicPartition
 from arbiter.schemas.partitioning import partition_for
 from arbiter.sim import EPOCH_MS, Faults, SimKafka, SimReader, SimSender, SimStuck, run
+from arbiter.sim.kafka import SimProducer
 
 
 def test_a_thirty_second_lease_expires_in_no_time() -> None:
@@ -182,3 +183,29 @@ def test_committed_offsets_are_what_a_group_committed() -> None:
         return await SimReader(kafka).committed("workers", [TopicPartition("t", 0), TopicPartition("t", 1)])
 
     assert run(main()) == {TopicPartition("t", 1): 7}
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(min_value=0, max_value=2**32))
+def test_a_workers_produces_land_in_order_even_when_a_caller_stops_waiting(seed: int) -> None:
+    """A worker's produce lands a while later (``Faults.produce_s``), each after the one before, also when the
+    caller of one stopped waiting for it (its future cancelled, as a cancelled gather does): what was queued is
+    still sent, in its place. A crash loses what had not landed, and nothing after it lands."""
+    kafka = SimKafka(rng=random.Random(seed), faults=Faults(produce_s=0.2))
+    kafka.create_topic("t", 1)
+
+    async def main() -> list[bytes | None]:
+        producer = SimProducer(kafka, owner="w1")
+        futures = [await producer.produce([("t", 0, None, f"{n}".encode(), [])]) for n in range(20)]
+        for n in random.Random(seed).sample(range(20), 5):
+            futures[n].cancel()
+        await asyncio.sleep(5.0)
+        later = [await producer.produce([("t", 0, None, f"{n}".encode(), [])]) for n in range(20, 30)]
+        await asyncio.sleep(0.01)
+        kafka.kill("w1")
+        await asyncio.sleep(5.0)
+        assert all(f.done() for f in later)
+        return [r.value for r in kafka.records("t", 0)]
+
+    values = [int(v or b"") for v in run(main())]
+    assert values == list(range(len(values))) and 20 <= len(values) <= 30

@@ -85,7 +85,9 @@ class SimGroup:
         self._alive = True
         group = _coordinator(self.kafka, self.group_id)
         group.members[self.member_id] = self
-        await rebalance(self.kafka, group)
+        # The coordinator runs the rebalance, not the joiner: a joiner that gives up (its start cancelled)
+        # stops waiting for it, and cancels no other member's revoke (which once cut a settling batch short).
+        await asyncio.shield(self.kafka.spawn(rebalance(self.kafka, group)))
 
     async def stop(self) -> None:
         """Leave the group at once: the others get its partitions in a rebalance this does not wait for (as

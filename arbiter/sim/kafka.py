@@ -85,8 +85,8 @@ class SimKafka:
         log = self._partition(topic, partition)
         return log[start:] if count is None else log[start:start + count]
 
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` in the background (the cluster's own doings: noticing a dead member)."""
+    def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run ``work`` in the background (the cluster's own doings: noticing a dead member, a rebalance)."""
         loop = asyncio.get_running_loop()
         task = loop.create_task(work)
         self.tasks.add(task)
@@ -98,6 +98,7 @@ class SimKafka:
                                              "exception": task.exception(), "task": task})
 
         task.add_done_callback(done)
+        return task
 
     def kill(self, owner: str) -> None:
         """``owner``'s process died: none of its clients reaches the cluster again."""

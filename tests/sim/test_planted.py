@@ -113,7 +113,9 @@ def test_a_revoke_lost_across_a_rebalance(monkeypatch: pytest.MonkeyPatch) -> No
         return None
 
     monkeypatch.setattr(Worker, "revoked", deaf)
-    first_found()
+    # The hardest of the six: it shows only when a batch is decided between a revoke and the assignment,
+    # on a partition that moves. Found at rebalances seed 381 (2026-12-07), within the target's 1,000.
+    first_found((rebalances,), budget=500)
 
 
 def test_a_tick_that_never_fires_for_a_kept_partition(monkeypatch: pytest.MonkeyPatch) -> None:
